@@ -1,0 +1,1 @@
+"""Prefect flows: thin drivers of the planners' schedulers against real task runs."""

@@ -1,0 +1,1 @@
+"""Where trials physically run: work-pool sizing backends, job templates, AWS calls."""

@@ -1,0 +1,1 @@
+"""Planning: pure Python (no Prefect, no MLflow, no I/O), testable in milliseconds."""

@@ -1,0 +1,95 @@
+"""The compiled plan: a staged DAG with one stage per rung of every bracket (ALGORITHMS.md §9).
+
+Example:
+    >>> from planners.spec import parse_job
+    >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
+    ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
+    ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9}})
+    >>> [(s.trials, s.start, s.stop) for s in compile_plan(spec).stages]
+    [(9, 0, 1), (3, 1, 3), (1, 3, 9)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planners.geometry import Bracket, floor_log, hyperband_brackets, sha_bracket
+from planners.spec import HyperbandSpec, JobSpec, ShaSpec
+
+
+@dataclass(frozen=True)
+class Stage:
+    """``trials`` segments of bracket ``bracket``, each from ``start`` to ``stop``."""
+
+    bracket: int
+    rung: int
+    trials: int
+    start: float
+    stop: float
+    gpus_per_trial: float = 1.0
+
+    @property
+    def name(self) -> str:
+        return f"b{self.bracket}-r{self.rung}"
+
+    @property
+    def work(self) -> float:
+        """Resource trained in this stage, resuming from checkpoints."""
+        return self.trials * (self.stop - self.start)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Stages in the order the executor first reaches them; brackets are independent chains."""
+
+    stages: tuple[Stage, ...]
+    workers: int
+
+    @property
+    def trials(self) -> int:
+        return sum(s.trials for s in self.stages if s.rung == 0)
+
+    @property
+    def segments(self) -> int:
+        return sum(s.trials for s in self.stages)
+
+    def stage(self, bracket: int, rung: int) -> Stage:
+        return next(s for s in self.stages if (s.bracket, s.rung) == (bracket, rung))
+
+    def to_markdown(self) -> str:
+        rows = [
+            "| stage | bracket | rung | trials | resource | GPUs/trial |",
+            "|---|---|---|---|---|---|",
+        ]
+        for s in self.stages:
+            rows.append(
+                f"| {s.name} | {s.bracket} | {s.rung} | {s.trials} | "
+                f"{s.start:g} → {s.stop:g} | {s.gpus_per_trial:g} |"
+            )
+        return "\n".join(rows)
+
+
+def sha_trials(spec: ShaSpec) -> int:
+    """``max_trials``, or by default just enough for one trial to reach the top rung."""
+    if spec.max_trials is not None:
+        return spec.max_trials
+    return spec.eta ** floor_log(spec.max_resource / spec.min_resource, spec.eta)
+
+
+def brackets(spec: JobSpec) -> list[Bracket]:
+    s = spec.scheduler
+    if isinstance(s, ShaSpec):
+        return [sha_bracket(sha_trials(s), s.min_resource, s.max_resource, s.eta)]
+    if isinstance(s, HyperbandSpec):
+        return hyperband_brackets(s.min_resource, s.max_resource, s.eta)
+    raise ValueError(f"scheduler {s.name} has no staged plan")
+
+
+def compile_plan(spec: JobSpec) -> Plan:
+    stages = []
+    for index, bracket in enumerate(brackets(spec)):
+        start: float = 0
+        for rung, level in enumerate(bracket.rungs):
+            stages.append(Stage(index, rung, level.trials, start, level.resource))
+            start = level.resource
+    return Plan(tuple(stages), spec.compute.workers)

@@ -1,0 +1,104 @@
+"""The event-driven scheduler interface (ALGORITHMS.md §7.4).
+
+An executor (a Prefect flow, or the simulator) asks :meth:`Scheduler.next_job` for work
+whenever a worker is free and reports every finished segment to :meth:`Scheduler.on_result`.
+Schedulers never touch Prefect, MLflow, Optuna or files: new configurations are the
+executor's business (it samples one the first time it sees a trial id).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Train ``trial`` from resource ``start`` (its checkpoint) up to ``stop``."""
+
+    trial: int
+    start: float
+    stop: float
+    rung: int
+    bracket: int = 0
+    gpus: float = 1.0
+    # Set by schedulers that change a trial's configuration (PBT explore).
+    config: Mapping[str, Any] | None = None
+    # Copy this trial's checkpoint before training (PBT exploit).
+    clone_from: int | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one segment produced. ``loss`` is minimised; a failed segment has ``failed=True``."""
+
+    trial: int
+    resource: float
+    loss: float
+    failed: bool = False
+    # (resource, loss) of every report inside the segment, for curve-aware schedulers.
+    history: tuple[tuple[float, float], ...] = ()
+    seconds: float = 0.0
+
+
+class Action(StrEnum):
+    PROMOTE = "promote"  # another segment of this trial follows
+    PAUSE = "pause"  # waits at its rung; it may be promoted later
+    STOP = "stop"  # stopped early, for good
+    COMPLETE = "complete"  # trained to the maximum resource
+    FAIL = "fail"  # the segment raised or reported NaN/inf
+
+
+@dataclass(frozen=True)
+class Decision:
+    trial: int
+    action: Action
+    rung: int
+
+
+def rank_key(loss: float) -> tuple[bool, float]:
+    """Sort key: NaN and inf rank last (§3.6.5)."""
+    bad = not math.isfinite(loss)
+    return (bad, 0.0 if bad else loss)
+
+
+def ranked(losses: Mapping[int, float]) -> list[int]:
+    """Trial ids, best first. The sort is stable, so ties go to the earlier arrival
+    (the mapping's insertion order)."""
+    return sorted(losses, key=lambda t: rank_key(losses[t]))
+
+
+@dataclass
+class TrialCounter:
+    """Hands out trial ids; brackets that share one never reuse an id."""
+
+    next_id: int = 0
+
+    def new(self) -> int:
+        trial, self.next_id = self.next_id, self.next_id + 1
+        return trial
+
+
+class Scheduler(ABC):
+    """Decides which segment runs next and what happens to a trial after each result."""
+
+    @abstractmethod
+    def next_job(self) -> Segment | None:
+        """The next segment to run, or None when nothing can start now."""
+
+    @abstractmethod
+    def on_result(self, result: Result) -> list[Decision]:
+        """Record a finished segment; return what became of the trials it affected."""
+
+    def finish(self) -> list[Decision]:
+        """The job is over: settle trials still paused. Default: none are."""
+        return []
+
+
+def settle(decisions: Iterable[Decision]) -> dict[int, Action]:
+    """The last action per trial."""
+    return {d.trial: d.action for d in decisions}

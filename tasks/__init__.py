@@ -1,0 +1,1 @@
+"""Prefect tasks: one unit of work each (train a segment, track it)."""
