@@ -24,8 +24,8 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
-    model_validator,
 )
 
 from planners.geometry import floor_log
@@ -49,12 +49,20 @@ class FloatParam(_Strict):
     log: bool = False
     step: float | None = Field(default=None, gt=0)
 
-    @model_validator(mode="after")
-    def _bounds(self) -> FloatParam:
-        _check_bounds(self.low, self.high, self.log)
-        if self.log and self.step is not None:
-            raise ValueError("log and step cannot be used together")
-        return self
+    @field_validator("high")
+    @classmethod
+    def _high(cls, high: float, info: ValidationInfo) -> float:
+        return _check_high(high, info)
+
+    @field_validator("log")
+    @classmethod
+    def _log(cls, log: bool, info: ValidationInfo) -> bool:
+        return _check_log(log, info)
+
+    @field_validator("step")
+    @classmethod
+    def _step(cls, step: float | None, info: ValidationInfo) -> float | None:
+        return _check_step(step is not None, step, info)
 
 
 class IntParam(_Strict):
@@ -64,12 +72,20 @@ class IntParam(_Strict):
     log: bool = False
     step: int = Field(default=1, ge=1)
 
-    @model_validator(mode="after")
-    def _bounds(self) -> IntParam:
-        _check_bounds(self.low, self.high, self.log)
-        if self.log and self.step != 1:
-            raise ValueError("log and step cannot be used together")
-        return self
+    @field_validator("high")
+    @classmethod
+    def _high(cls, high: int, info: ValidationInfo) -> int:
+        return _check_high(high, info)
+
+    @field_validator("log")
+    @classmethod
+    def _log(cls, log: bool, info: ValidationInfo) -> bool:
+        return _check_log(log, info)
+
+    @field_validator("step")
+    @classmethod
+    def _step(cls, step: int, info: ValidationInfo) -> int:
+        return _check_step(step != 1, step, info)
 
 
 class CategoricalParam(_Strict):
@@ -77,11 +93,28 @@ class CategoricalParam(_Strict):
     choices: list[str | int | float | bool] = Field(min_length=1)
 
 
-def _check_bounds(low: float, high: float, log: bool) -> None:
-    if low > high:
-        raise ValueError(f"low ({low}) must not exceed high ({high})")
-    if log and low <= 0:
-        raise ValueError(f"low must be > 0 on a log scale, got {low}")
+# Cross-field checks are field validators (fields validate in declaration order), so the
+# error's location names the offending field, e.g. ``space.lr.high``.
+
+
+def _check_high(high: float, info: ValidationInfo) -> float:
+    low = info.data.get("low")
+    if low is not None and low > high:
+        raise ValueError(f"high ({high}) must not be below low ({low})")
+    return high
+
+
+def _check_log(log: bool, info: ValidationInfo) -> bool:
+    low = info.data.get("low")
+    if log and low is not None and low <= 0:
+        raise ValueError(f"a log scale needs low > 0, got low = {low}")
+    return log
+
+
+def _check_step(has_step: bool, step: Any, info: ValidationInfo) -> Any:
+    if info.data.get("log") and has_step:
+        raise ValueError("log and step cannot be used together")
+    return step
 
 
 Param = Annotated[FloatParam | IntParam | CategoricalParam, Field(discriminator="type")]
@@ -110,14 +143,15 @@ class _Ladder(_Strict):
     min_resource: float = Field(default=1, gt=0)
     max_resource: float = Field(default=27, gt=0)
 
-    @model_validator(mode="after")
-    def _ladder(self) -> _Ladder:
-        if self.min_resource > self.max_resource:
+    @field_validator("max_resource")
+    @classmethod
+    def _ladder(cls, max_resource: float, info: ValidationInfo) -> float:
+        low = info.data.get("min_resource")
+        if low is not None and low > max_resource:
             raise ValueError(
-                f"min_resource ({self.min_resource}) must not exceed "
-                f"max_resource ({self.max_resource})"
+                f"max_resource ({max_resource}) must not be below min_resource ({low})"
             )
-        return self
+        return max_resource
 
 
 class ShaSpec(_Ladder):
@@ -126,15 +160,19 @@ class ShaSpec(_Ladder):
     name: Literal["sha"] = "sha"
     max_trials: int | None = Field(default=None, ge=1)
 
-    @model_validator(mode="after")
-    def _top_rung(self) -> ShaSpec:
-        promotions = floor_log(self.max_resource / self.min_resource, self.eta)
-        if self.max_trials is not None and self.max_trials < self.eta**promotions:
+    @field_validator("max_trials")
+    @classmethod
+    def _top_rung(cls, max_trials: int | None, info: ValidationInfo) -> int | None:
+        eta, low, high = (info.data.get(k) for k in ("eta", "min_resource", "max_resource"))
+        if max_trials is None or None in (eta, low, high):
+            return max_trials
+        promotions = floor_log(high / low, eta)
+        if max_trials < eta**promotions:
             raise ValueError(
-                f"max_trials must be at least eta**{promotions} = {self.eta**promotions} "
-                f"so that one trial reaches max_resource, got {self.max_trials}"
+                f"must be at least eta**{promotions} = {eta**promotions} "
+                f"so that one trial reaches max_resource, got {max_trials}"
             )
-        return self
+        return max_trials
 
 
 class HyperbandSpec(_Ladder):
@@ -240,8 +278,8 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         node = child
     try:
         node[leaf] = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"--set {assignment}: value is not valid YAML ({exc})") from None
+    except yaml.YAMLError:
+        raise SpecError(f"--set {assignment}: value is not valid YAML") from None
 
 
 def parse_job(data: Any, source: str = "job") -> JobSpec:
