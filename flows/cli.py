@@ -47,8 +47,15 @@ def _emit(payload: dict[str, Any], as_json: bool, human: Callable[[dict[str, Any
         human(payload)
 
 
+def _overrides(args: argparse.Namespace) -> list[str]:
+    overrides = list(getattr(args, "set", None) or ())
+    if getattr(args, "pool", None):
+        overrides.append(f"compute.pool={args.pool}")
+    return overrides
+
+
 def _load(args: argparse.Namespace) -> JobSpec:
-    return load_job(args.job, getattr(args, "set", None) or ())
+    return load_job(args.job, _overrides(args))
 
 
 # --- run ----------------------------------------------------------------------------------
@@ -78,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     job_id = new_job_id(spec.name)
     print(f"job {job_id}", file=sys.stderr, flush=True)
     try:
-        summary = tune(args.job, list(args.set or ()), job_id)
+        summary = tune(args.job, _overrides(args), job_id)
     except SpecError:
         raise
     except Exception as exc:
@@ -99,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("job", help="job file (YAML)")
     run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
     run.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
+    run.add_argument("--pool", help="run segments on this Prefect work pool (compute.pool)")
     run.set_defaults(handler=cmd_run)
     return parser
 

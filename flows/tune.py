@@ -23,6 +23,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.pools import WorkerLost, launch_segment, lost, segment_deployment
 from flows.progress import JobProgress
 from planners.loop import TuningLoop
 from planners.plan import Plan, compile_plan
@@ -51,6 +52,10 @@ class Job:
     """The state of one running job: its study, scheduler loop, MLflow runs and progress."""
 
     def __init__(self, spec: JobSpec, job_id: str):
+        # Resolve the pool first: a missing pool is bad input, found before anything exists.
+        self.deployment = (
+            None if spec.compute.pool == "local" else segment_deployment(spec.compute.pool)
+        )
         self.spec = spec
         self.job_id = job_id
         self.began = time.monotonic()
@@ -90,7 +95,19 @@ class Job:
         if segment.clone_from is not None:
             self.tracker.copy_checkpoint(self.runs[segment.clone_from], run_id)
         config = self.loop.configs[segment.trial]
-        return train_segment.submit(self.ref, segment, config, run_id)
+        if self.deployment is None:
+            return train_segment.submit(self.ref, segment, config, run_id)
+        deployment, accepted = self.deployment
+        stage = self.plan.stage(segment.bracket, segment.rung)
+        variables = {"gpu_count": f"{stage.gpus_per_trial:g}"}
+        return launch_segment.submit(
+            deployment,
+            self.ref,
+            segment,
+            config,
+            run_id,
+            {k: v for k, v in variables.items() if k in accepted},
+        )
 
     def record(self, segment: Segment, report: SegmentReport) -> list[Decision]:
         self.segments += 1
@@ -252,7 +269,11 @@ def run_job(spec: JobSpec, job_id: str) -> dict[str, Any]:
                     break
                 future = next(as_completed(list(running)))
                 segment = running.pop(future)
-                job.record(segment, future.result())
+                try:
+                    report = future.result()
+                except WorkerLost as exc:
+                    report = lost(segment, exc)
+                job.record(segment, report)
                 stage = f"stage b{segment.bracket}-r{segment.rung}"
                 progress.update(stage, job.best_metric())
                 if job.stage_done(segment):

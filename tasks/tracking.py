@@ -168,6 +168,22 @@ class Tracker:
             self.client.log_artifact(target_run_id, path, CHECKPOINTS)
         return resource
 
+    # --- segment reports (how a remote worker's result reaches the tune flow) ------------
+
+    def save_report(self, run_id: str, name: str, report: dict[str, Any]) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{name}.json"
+            path.write_text(json.dumps(report))
+            self.client.log_artifact(run_id, str(path), "segments")
+
+    def load_report(self, run_id: str, name: str) -> dict[str, Any] | None:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                path = self.client.download_artifacts(run_id, f"segments/{name}.json", tmp)
+            except Exception:  # MLflow raises its own errors for a missing artifact
+                return None
+            return json.loads(Path(path).read_text())
+
     # --- rollback of a job that turned out to be bad input --------------------------------
 
     def purge(self, run_ids: list[str]) -> None:

@@ -8,7 +8,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from prefect import task
@@ -74,6 +74,20 @@ class SegmentReport:
     result: Result
     metrics_seen: tuple[str, ...]
     error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SegmentReport:
+        result = dict(data["result"])
+        result["history"] = tuple(tuple(point) for point in result["history"])
+        return cls(Result(**result), tuple(data["metrics_seen"]), data["error"])
+
+
+def report_name(segment: Segment) -> str:
+    """Artifact name of a segment's report in its trial's MLflow run."""
+    return f"{segment.start:g}-{segment.stop:g}"
 
 
 def run_segment(
