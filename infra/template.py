@@ -70,6 +70,23 @@ def gpu_template(base: dict[str, Any] | None = None) -> dict[str, Any]:
     return template
 
 
+def gpu_job_variables(gpus_per_trial: float, instance_type: str | None = None) -> dict[str, str]:
+    """Per-run job variables of a segment on the GPU pool (``run_deployment(job_variables=)``).
+
+    Example:
+        >>> gpu_job_variables(2.0, "g5.12xlarge")
+        {'gpu_count': '2', 'instance_type': 'g5.12xlarge'}
+    """
+    if gpus_per_trial < 1 or not float(gpus_per_trial).is_integer():
+        raise ValueError(
+            f"gpus_per_trial must be a whole number >= 1 on ECS, got {gpus_per_trial:g}"
+        )
+    variables = {"gpu_count": str(int(gpus_per_trial))}
+    if instance_type:
+        variables["instance_type"] = instance_type
+    return variables
+
+
 def render(template: dict[str, Any]) -> str:
     return json.dumps(template, indent=2, sort_keys=True) + "\n"
 

@@ -24,7 +24,7 @@ from prefect.utilities.schema_tools.validation import ValidationError, is_valid_
 from prefect_aws.workers.ecs_worker import ECSJobConfiguration, ECSWorker
 
 from infra import template as gpu
-from infra.template import TEMPLATE_PATH, gpu_template
+from infra.template import TEMPLATE_PATH, gpu_job_variables, gpu_template
 
 REGION = "us-east-1"
 INSTANCE_TYPE = "g5.12xlarge"
@@ -62,10 +62,12 @@ def test_variables_schema_is_valid_and_types_gpu_count_as_string(template):
             allow_none_with_default=True,
         )
 
-    server_side({"gpu_count": "4", "instance_type": INSTANCE_TYPE, "launch_type": "EC2"})
+    server_side({**gpu_job_variables(4, INSTANCE_TYPE), "launch_type": "EC2"})
     for bad in ({"gpu_count": 4}, {"gpu_count": "0"}, {"launch_type": "GPU"}):
         with pytest.raises(ValidationError):
             server_side(bad)
+    with pytest.raises(ValueError, match="whole number"):
+        gpu_job_variables(0.5)
 
 
 def test_defaults_give_one_gpu_on_ec2(template):
@@ -137,8 +139,7 @@ def cluster(monkeypatch):
 )
 def test_worker_runs_the_gpu_task(template, cluster, placement):
     values = {
-        "gpu_count": "2",
-        "instance_type": INSTANCE_TYPE,
+        **gpu_job_variables(2, INSTANCE_TYPE),
         "cluster": "gpu",
         "image": "elastune-train:test",
         **placement,

@@ -12,6 +12,8 @@ import json
 import boto3
 import pytest
 from moto import mock_aws
+from prefect import flow
+from prefect.artifacts import Artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
 from prefect.settings import PREFECT_API_URL
@@ -19,7 +21,13 @@ from prefect_aws import AwsCredentials
 
 from infra.backends import ecs_backend, local_backend, make_backend
 from infra.pools import read_pool, wait_for_worker
-from infra.sizing import MissingCredentials, NoWorker, PoolNotFound, PoolTypeMismatch
+from infra.sizing import (
+    MissingCredentials,
+    NoWorker,
+    PoolNotFound,
+    PoolTypeMismatch,
+    publish_sizing,
+)
 from infra.template import TEMPLATE_PATH
 from tests.prefect_server import (
     prefect_api,  # noqa: F401 (the fixture, used below)
@@ -54,6 +62,13 @@ def test_local_backend_follows_the_plan_stage_by_stage():
     assert limit("local-a") is None
     rows = [(r.stage, r.before, r.after) for r in backend.records]
     assert rows == [("b0-r0", None, 9), ("b0-r1", 9, 3), ("b0-r2", 3, 1), ("release", 1, None)]
+
+    # Inside a flow run, as the tune flow does (artifacts outside runs are deprecated).
+    flow(publish_sizing, name="publish")(backend.records, key="local-a-sizing")
+    table = json.loads(Artifact.get("local-a-sizing").data)
+    assert [(row["stage"], row["after"]) for row in table] == [
+        ("b0-r0", 9), ("b0-r1", 3), ("b0-r2", 1), ("release", "none"),
+    ]  # fmt: skip
 
 
 def test_limit_is_restored_when_the_job_raises():
