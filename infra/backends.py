@@ -5,12 +5,15 @@ Example (needs a Prefect server with a process pool ``local-proc`` and a worker)
     from infra.backends import make_backend
     from infra.sizing import publish_sizing
 
-    with make_backend("local", "local-proc") as backend:
-        for stage in plan.stages:
-            backend.size(stage.name, slots=stage.trials, gpus_per_trial=stage.gpus_per_trial)
-            backend.wait_ready()
-            ...  # run the stage's segments
-    publish_sizing(backend.records)
+    backend = make_backend("local", "local-proc")
+    try:
+        with backend:  # releases on any exit
+            for stage in plan.stages:
+                backend.size(stage.name, slots=stage.trials, gpus_per_trial=stage.gpus_per_trial)
+                backend.wait_ready()
+                ...  # run the stage's segments
+    finally:
+        publish_sizing(backend.records)
 """
 
 from __future__ import annotations

@@ -59,8 +59,8 @@ def aws_session(
                 f"{source} not found on the Prefect server; create it as infra/README.md shows"
             ) from None
     else:
-        source = "AwsCredentials block" if credentials else "the environment"
-        block = credentials or AwsCredentials()
+        source = "the environment" if credentials is None else "AwsCredentials block"
+        block = credentials if credentials is not None else AwsCredentials()
     try:
         session = block.get_boto3_session()
     except ProfileNotFound as exc:

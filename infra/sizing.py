@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -93,20 +94,24 @@ class SizingRecord:
         return {k: ("none" if v is None else v) for k, v in asdict(self).items()}
 
 
-class Sizer:
+class Sizer(ABC):
     """One part of a backend. ``check`` validates before anything changes."""
 
     def check(self) -> None:
         """Raise :class:`InfraError` when the part cannot work; changes nothing."""
+        return None  # optional hook: a part with nothing to validate passes
 
+    @abstractmethod
     def size(self, demand: Demand) -> list[SizingRecord]:
-        raise NotImplementedError
+        """Apply ``demand``; one record per setting changed."""
 
+    @abstractmethod
     def release(self) -> list[SizingRecord]:
-        raise NotImplementedError
+        """Undo every :meth:`size` (capacity to zero); one record per setting changed."""
 
     def wait_ready(self, timeout: float) -> None:
         """Block until what :meth:`size` asked for can run segments (default: at once)."""
+        return None  # optional hook: a Prefect limit takes effect at once
 
 
 class PoolBackend:

@@ -21,6 +21,7 @@ from moto import mock_aws
 from prefect.client.orchestration import PrefectClient
 from prefect.client.schemas.objects import FlowRun
 from prefect.utilities.schema_tools.validation import ValidationError, is_valid_schema, validate
+from prefect.utilities.templating import find_placeholders
 from prefect_aws.workers.ecs_worker import ECSJobConfiguration, ECSWorker
 
 from infra import template as gpu
@@ -50,6 +51,9 @@ def test_file_is_what_the_generator_writes(template):
 def test_variables_schema_is_valid_and_types_gpu_count_as_string(template):
     variables = template["variables"]
     is_valid_schema(variables, preprocess=False)
+    # Every placeholder of the job configuration is a declared variable (the server's rule).
+    used = {p.name for p in find_placeholders(template["job_configuration"])}
+    assert {"gpu_count", "instance_type"} <= used <= set(variables["properties"])
 
     def server_side(values: dict) -> None:
         # The check the Prefect server applies to per-run job variables (HTTP 422 if bad).
