@@ -90,7 +90,7 @@ class SizingRecord:
     at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
 
     def row(self) -> dict[str, Any]:
-        """A row of the sizing table artifact (None shown as "none": the UI drops nulls)."""
+        """A row of the sizing table artifact; an unset limit reads "none", not a blank cell."""
         return {k: ("none" if v is None else v) for k, v in asdict(self).items()}
 
 
