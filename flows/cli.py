@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from infra.sizing import InfraError
 from planners.spec import JobSpec, SpecError, load_job
 
 BAD_INPUT, FAILED = 2, 1
@@ -35,6 +36,7 @@ def _quiet_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
     # Checkpoint downloads would each draw a progress bar over ours.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     # Trainables are referenced as module:function relative to where the user runs.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -84,15 +86,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     job_id = new_job_id(spec.name)
     print(f"job {job_id}", file=sys.stderr, flush=True)
+    return _finish(job_id, lambda: tune(args.job, _overrides(args), job_id), args.json)
+
+
+def _finish(job_id: str, run: Callable[[], dict[str, Any]], as_json: bool) -> int:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        summary = tune(args.job, _overrides(args), job_id)
-    except SpecError:
+        summary = run()
+    except (SpecError, InfraError):
         raise
     except Exception as exc:
         print(f"job {job_id} failed: {exc}", file=sys.stderr)
         return FAILED
-    _emit(summary, args.json, _print_run)
+    _emit(summary, as_json, _print_run)
     return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from flows.tune import resume
+
+    print(f"job {args.job_id}", file=sys.stderr, flush=True)
+    return _finish(args.job_id, lambda: resume(args.job_id, args.storage), args.json)
 
 
 # --- parser -------------------------------------------------------------------------------
@@ -108,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
     run.add_argument("--pool", help="run segments on this Prefect work pool (compute.pool)")
     run.set_defaults(handler=cmd_run)
+
+    again = commands.add_parser("resume", help="continue a job whose driver died")
+    again.add_argument("job_id", help="the id printed as `job <ID>`")
+    again.add_argument(
+        "--storage",
+        default="sqlite:///.elastune/optuna.db",
+        help="the job's Optuna storage (tracking.optuna_storage)",
+    )
+    again.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
+    again.set_defaults(handler=cmd_resume)
     return parser
 
 
@@ -116,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return args.handler(args)
-    except SpecError as exc:
+    except (SpecError, InfraError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return BAD_INPUT
     except KeyboardInterrupt:

@@ -14,8 +14,7 @@ from typing import Any
 from prefect import flow
 
 from planners.schedulers.base import Segment
-from tasks.tracking import Tracker
-from tasks.train import JobRef, report_name, run_segment
+from tasks.train import JobRef, run_segment
 
 FLOW_NAME = "train-segment"
 
@@ -24,10 +23,7 @@ FLOW_NAME = "train-segment"
 def train_segment_flow(
     job: dict[str, Any], segment: dict[str, Any], config: dict[str, Any], run_id: str
 ) -> dict[str, Any]:
-    ref, part = JobRef(**job), Segment(**segment)
-    report = run_segment(ref, part, config, run_id)
-    Tracker(ref.mlflow_uri, ref.experiment).save_report(run_id, report_name(part), report.to_dict())
-    return report.to_dict()
+    return run_segment(JobRef(**job), Segment(**segment), config, run_id).to_dict()
 
 
 def flow_parameters(job: JobRef, segment: Segment, config: dict[str, Any], run_id: str) -> dict:

@@ -5,14 +5,19 @@ scheduler hands out; as each finishes (in completion order) it records the resul
 may promote, pause or stop trials. A synchronous scheduler (SHA, Hyperband) hands out
 nothing at a rung's barrier, so the same loop walks its plan stage by stage; an
 asynchronous one (ASHA) keeps every worker busy.
+
+Every result is journaled in the Optuna study as it happens, so ``resume`` rebuilds a job
+whose driver died and carries on, re-running no finished segment.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import mlflow
@@ -21,18 +26,24 @@ import torch
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.futures import PrefectFuture, as_completed
+from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.pools import WorkerLost, launch_segment, lost, segment_deployment
+from flows.pools import PoolTarget, WorkerLost, launch_segment, lost, open_pool
 from flows.progress import JobProgress
-from planners.loop import TuningLoop
+from infra.sizing import InfraError, publish_sizing
+from planners.loop import StudyJournal, TuningLoop
 from planners.plan import Plan, compile_plan
 from planners.schedulers.base import Action, Decision, Segment, rank_key
 from planners.space import make_sampler
-from planners.spec import JobSpec, SpecError, load_job
+from planners.spec import JobSpec, SpecError, load_job, parse_job
 from tasks.context import TrialContext
 from tasks.tracking import Tracker, flatten, local_uri
-from tasks.train import JobRef, SegmentReport, load_trainable, train_segment
+from tasks.train import JobRef, SegmentReport, load_trainable, report_name, train_segment
+
+# Where a job keeps what resume needs: the spec and parent run on the study, each trial's
+# MLflow run on its Optuna trial.
+SPEC_ATTR, RUN_ATTR = "elastune.spec", "mlflow_run_id"
 
 
 class MetricNotReported(SpecError):
@@ -49,68 +60,93 @@ def artifact_key(job_id: str, what: str) -> str:
 
 
 class Job:
-    """The state of one running job: its study, scheduler loop, MLflow runs and progress."""
+    """The state of one job: its study, scheduler loop, MLflow runs, pool and progress."""
 
-    def __init__(self, spec: JobSpec, job_id: str):
-        # Resolve the pool first: a missing pool is bad input, found before anything exists.
-        self.deployment = (
-            None if spec.compute.pool == "local" else segment_deployment(spec.compute.pool)
-        )
+    def __init__(
+        self, spec: JobSpec, job_id: str, study: optuna.Study, tracker: Tracker, parent: str
+    ):
         self.spec = spec
         self.job_id = job_id
+        self.study = study
+        self.parent = parent
         self.began = time.monotonic()
-        self.tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
+        self.tracker = tracker
         self.storage = local_uri(spec.tracking.optuna_storage)
-        self.study = optuna.create_study(
-            study_name=job_id,
-            storage=self.storage,
-            direction="maximize" if spec.mode == "max" else "minimize",
-            sampler=make_sampler(spec),
-        )
-        self.loop = TuningLoop(spec, self.study)
+        self.loop = TuningLoop(spec, study, journal=StudyJournal(study))
         self.plan: Plan = compile_plan(spec)
         self.ref = JobRef.of(spec, job_id, self.tracker.uri)
-        self.parent = self.tracker.start_job(
-            job_id,
-            flatten(spec.model_dump(mode="json")),
-            {"elastune.scheduler": spec.scheduler.name, "elastune.sampler": spec.sampler.name},
-        )
-        self.study.set_user_attr("mlflow_run_id", self.parent)
-        self.runs: dict[int, str] = {}
+        self.pool: PoolTarget | None = None
+        self.runs = {
+            t.user_attrs["elastune.trial"]: t.user_attrs[RUN_ATTR]
+            for t in study.get_trials(deepcopy=False)
+            if RUN_ATTR in t.user_attrs
+        }
         self.rungs: dict[int, int] = {}
         self.errors: dict[int, str] = {}
         self.segments = 0
         self._stage_results: dict[tuple[int, int], int] = {}
+        self._active: set[tuple[int, int]] = set()
+        self._slots = -1
         self._metric_seen = False
+
+    @classmethod
+    def create(cls, spec: JobSpec, job_id: str, pool: PoolTarget | None) -> Job:
+        tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
+        study = optuna.create_study(
+            study_name=job_id,
+            storage=local_uri(spec.tracking.optuna_storage),
+            direction="maximize" if spec.mode == "max" else "minimize",
+            sampler=make_sampler(spec),
+        )
+        parent = tracker.start_job(
+            job_id,
+            flatten(spec.model_dump(mode="json")),
+            {"elastune.scheduler": spec.scheduler.name, "elastune.sampler": spec.sampler.name},
+        )
+        study.set_user_attr(SPEC_ATTR, spec.model_dump(mode="json"))
+        study.set_user_attr(RUN_ATTR, parent)
+        job = cls(spec, job_id, study, tracker, parent)
+        job.pool = pool
+        return job
+
+    @classmethod
+    def resume(cls, job_id: str, storage: str) -> Job:
+        """Rebuild a job from its study: replay the journal, then carry on."""
+        try:
+            study = optuna.load_study(study_name=job_id, storage=local_uri(storage))
+        except KeyError:
+            raise SpecError(f"job id: no job {job_id!r} in {storage}") from None
+        if SPEC_ATTR not in study.user_attrs:
+            raise SpecError(f"job id: study {job_id!r} was not made by elastune")
+        spec = parse_job(study.user_attrs[SPEC_ATTR], f"job {job_id}")
+        tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
+        job = cls(spec, job_id, study, tracker, study.user_attrs[RUN_ATTR])
+        job.pool = None if spec.compute.pool == "local" else open_pool(spec)
+        for result, note, decisions in job.loop.replay(StudyJournal(study).records()):
+            job._account(result.trial, note or {}, decisions)
+        return job
 
     # --- one segment ---------------------------------------------------------------------
 
     def submit(self, segment: Segment) -> PrefectFuture[SegmentReport]:
         if segment.trial not in self.runs:
             config = self.loop.configs[segment.trial]
-            self.runs[segment.trial] = self.tracker.start_trial(
-                self.job_id, self.parent, segment.trial, config
-            )
+            run_id = self.tracker.start_trial(self.job_id, self.parent, segment.trial, config)
+            self.runs[segment.trial] = run_id
+            self.loop.optuna_trial(segment.trial).set_user_attr(RUN_ATTR, run_id)
         run_id = self.runs[segment.trial]
         if segment.clone_from is not None:
             self.tracker.copy_checkpoint(self.runs[segment.clone_from], run_id)
         config = self.loop.configs[segment.trial]
-        if self.deployment is None:
+        if self.pool is None:
             return train_segment.submit(self.ref, segment, config, run_id)
-        deployment, accepted = self.deployment
         stage = self.plan.stage(segment.bracket, segment.rung)
-        variables = {"gpu_count": f"{stage.gpus_per_trial:g}"}
+        variables = self.pool.job_variables(stage.gpus_per_trial, None)
         return launch_segment.submit(
-            deployment,
-            self.ref,
-            segment,
-            config,
-            run_id,
-            {k: v for k, v in variables.items() if k in accepted},
+            self.pool.deployment, self.ref, segment, config, run_id, variables
         )
 
     def record(self, segment: Segment, report: SegmentReport) -> list[Decision]:
-        self.segments += 1
         if self.spec.metric in report.metrics_seen:
             self._metric_seen = True
         elif report.error is None and not self._metric_seen:
@@ -119,13 +155,28 @@ class Job:
                 f"metric: {self.spec.trainable} never reported {self.spec.metric!r} "
                 f"(it reported: {seen})"
             )
-        if report.result.failed:
-            self.errors[segment.trial] = report.error or f"no {self.spec.metric} reported"
-        self.rungs[segment.trial] = segment.rung
-        decisions = self.loop.record(report.result)
+        note = {
+            "metrics_seen": list(report.metrics_seen),
+            "error": report.error,
+            "rung": segment.rung,
+            "bracket": segment.bracket,
+        }
+        decisions = self.loop.record(report.result, note)
+        self._account(segment.trial, note, decisions)
+        return decisions
+
+    def _account(self, trial: int, note: dict[str, Any], decisions: list[Decision]) -> None:
+        """Bookkeeping shared by live results and replayed ones."""
+        self.segments += 1
+        if note.get("error"):
+            self.errors[trial] = note["error"]
+        if self.spec.metric in note.get("metrics_seen", ()):
+            self._metric_seen = True
+        self.rungs[trial] = note.get("rung", 0)
+        key = (note.get("bracket", 0), note.get("rung", 0))
+        self._stage_results[key] = self._stage_results.get(key, 0) + 1
         for decision in decisions:
             self._track(decision)
-        return decisions
 
     def _track(self, decision: Decision) -> None:
         run_id = self.runs[decision.trial]
@@ -142,8 +193,27 @@ class Job:
 
     def stage_done(self, segment: Segment) -> bool:
         key = (segment.bracket, segment.rung)
-        self._stage_results[key] = self._stage_results.get(key, 0) + 1
-        return self._stage_results[key] == self.plan.stage(*key).trials
+        done = self._stage_results.get(key, 0) == self.plan.stage(*key).trials
+        if done:
+            self._active.discard(key)
+        return done
+
+    # --- the pool ------------------------------------------------------------------------
+
+    def size_pool(self, starting: list[Segment]) -> None:
+        """Before segments of a new stage start, size the pool for the stages now active:
+        their segments, at most ``compute.workers`` at once."""
+        if self.pool is None:
+            return
+        self._active |= {(s.bracket, s.rung) for s in starting}
+        stages = [self.plan.stage(*key) for key in sorted(self._active)]
+        slots = min(self.spec.compute.workers, sum(s.trials for s in stages))
+        if slots != self._slots:
+            name = "+".join(s.name for s in stages)
+            gpus = max(s.gpus_per_trial for s in stages)
+            self.pool.backend.size(name, slots, gpus_per_trial=gpus)
+            self.pool.backend.wait_ready(timeout=600)
+            self._slots = slots
 
     # --- reports -------------------------------------------------------------------------
 
@@ -154,9 +224,8 @@ class Job:
             return self.loop.reached.get(trial, (0, math.nan))
 
         rows = []
-        for trial in sorted(
-            self.loop.configs, key=lambda t: (-reached(t)[0], rank_key(reached(t)[1]))
-        ):
+        ordered = sorted(self.loop.configs, key=lambda t: (-reached(t)[0], rank_key(reached(t)[1])))
+        for trial in ordered:
             resource, loss = reached(trial)
             rows.append(
                 {
@@ -236,18 +305,47 @@ def register_best(
 
 
 @flow(name="tune", task_runner=ThreadPoolTaskRunner(max_workers=64))
-def tune(job_file: str, overrides: list[str] | None = None, job_id: str | None = None) -> dict:
+def tune(
+    job_file: str, overrides: list[str] | None = None, job_id: str | None = None
+) -> dict[str, Any]:
     """Run the tuning job described by ``job_file`` and return its summary."""
-    spec = load_job(job_file, overrides or ())
-    return run_job(spec, job_id or new_job_id(spec.name))
+    with bad_input_fails_the_run() as outcome:
+        spec = load_job(job_file, overrides or ())
+        load_trainable(spec.trainable)
+        pool = None if spec.compute.pool == "local" else open_pool(spec)
+        outcome.value = drive(Job.create(spec, job_id or new_job_id(spec.name), pool))
+    return outcome.value
 
 
-def run_job(spec: JobSpec, job_id: str) -> dict[str, Any]:
-    logger = get_run_logger()
+@flow(name="resume", task_runner=ThreadPoolTaskRunner(max_workers=64))
+def resume(job_id: str, storage: str = "sqlite:///.elastune/optuna.db") -> dict[str, Any]:
+    """Continue a job whose driver died, losing nothing finished."""
+    with bad_input_fails_the_run() as outcome:
+        outcome.value = drive(Job.resume(job_id, storage))
+    return outcome.value
+
+
+class _Outcome:
+    value: Any = None
+
+
+@contextlib.contextmanager
+def bad_input_fails_the_run() -> Iterator[_Outcome]:
+    """Bad input fails the flow run with its one-line message: no traceback in the logs.
+    The caller of the flow still gets the exception."""
+    outcome = _Outcome()
+    try:
+        yield outcome
+    except (SpecError, InfraError) as exc:
+        outcome.value = Failed(message=str(exc), data=exc)
+
+
+def drive(job: Job) -> dict[str, Any]:
+    """Run a job's segments until its scheduler has nothing left; returns the summary."""
+    spec, job_id = job.spec, job.job_id
     load_trainable(spec.trainable)
     # Threads share the cores: give each worker its slice instead of oversubscribing.
     torch.set_num_threads(max(1, torch.get_num_threads() // spec.compute.workers))
-    job = Job(spec, job_id)
     create_markdown_artifact(
         key=artifact_key(job_id, "plan"),
         markdown=f"# Plan of {job_id}\n\n{job.plan.to_markdown()}\n\n"
@@ -255,15 +353,27 @@ def run_job(spec: JobSpec, job_id: str) -> dict[str, Any]:
         f"{spec.compute.workers} workers.",
         description=f"staged plan of {job_id}",
     )
-    logger.info("job %s: %d trials, %d segments", job_id, job.plan.trials, job.plan.segments)
     running: dict[PrefectFuture[SegmentReport], Segment] = {}
+    # Segments in flight when a driver died: finished ones have their report in MLflow.
+    pending = job.loop.in_flight()
+    for segment in list(pending):
+        saved = job.tracker.load_report(job.runs[segment.trial], report_name(segment))
+        if saved is not None:
+            pending.remove(segment)
+            job.record(segment, SegmentReport.from_dict(saved))
+    pool = job.pool.backend if job.pool is not None else contextlib.nullcontext()
     try:
-        with JobProgress(spec.metric, job.plan.segments) as progress:
+        with pool, JobProgress(spec.metric, job.plan.segments) as progress:
             while True:
-                while len(running) < spec.compute.workers:
+                starting = pending[: spec.compute.workers - len(running)]
+                pending = pending[len(starting) :]
+                while len(running) + len(starting) < spec.compute.workers:
                     segment = job.loop.next_segment()
                     if segment is None:
                         break
+                    starting.append(segment)
+                job.size_pool(starting)
+                for segment in starting:
                     running[job.submit(segment)] = segment
                 if not running:
                     break
@@ -288,3 +398,6 @@ def run_job(spec: JobSpec, job_id: str) -> dict[str, Any]:
             future.wait()
         job.abort(bad_input=isinstance(exc, SpecError))
         raise
+    finally:
+        if job.pool is not None:
+            publish_sizing(job.pool.backend.records, key=artifact_key(job_id, "pool-sizing"))

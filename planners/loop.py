@@ -194,6 +194,9 @@ class TuningLoop:
             result = _result(record["result"])
             yield result, record["note"], self._apply(result)
 
+    def optuna_trial(self, trial_id: int) -> optuna.trial.Trial:
+        return self._trials[trial_id]
+
     def in_flight(self) -> list[Segment]:
         """Segments handed out without a result yet (after a replay: those to run again)."""
         return list(self._in_flight.values())

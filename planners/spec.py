@@ -215,11 +215,21 @@ class BudgetSpec(_Strict):
         return None if value is None else parse_duration(value)
 
 
+class EcsSpec(_Strict):
+    """Where an ``ecs`` work pool's EC2 capacity comes from (infra/README.md)."""
+
+    cluster: str = Field(min_length=1)
+    capacity_providers: list[str] | None = None
+    credentials: str | None = None  # a prefect-aws AwsCredentials block; else boto3's chain
+    region: str | None = None
+
+
 class ComputeSpec(_Strict):
     pool: str = "local"
     workers: int = Field(default=2, ge=1)
     instance_types: list[str] = Field(default_factory=list)
     max_gpus: int | None = Field(default=None, ge=1)
+    ecs: EcsSpec | None = None
 
 
 class TrackingSpec(_Strict):

@@ -187,14 +187,19 @@ class Tracker:
     # --- rollback of a job that turned out to be bad input --------------------------------
 
     def purge(self, run_ids: list[str]) -> None:
-        """Delete these runs for good (and the experiment, if this job created it)."""
+        """Delete these runs (and the experiment, if this job created it). On a database
+        store they are deleted for good; a tracking server only marks them deleted."""
         from mlflow.cli import gc
 
         for run_id in run_ids:
             self.client.delete_run(run_id)
-        args = ["--backend-store-uri", self.uri, "--run-ids", ",".join(run_ids)]
         if self.created_experiment:
             self.client.delete_experiment(self.experiment_id)
+        if self.uri.startswith(("http://", "https://", "databricks")):
+            return
+        args = ["--backend-store-uri", self.uri, "--tracking-uri", self.uri]
+        args += ["--run-ids", ",".join(run_ids)]
+        if self.created_experiment:
             args += ["--experiment-ids", self.experiment_id]
         with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
             gc.main(args, standalone_mode=False)

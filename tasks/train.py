@@ -93,8 +93,8 @@ def report_name(segment: Segment) -> str:
 def run_segment(
     job: JobRef, segment: Segment, config: dict[str, Any], run_id: str, device: str = "cpu"
 ) -> SegmentReport:
-    """Train ``segment`` in this process. A trainable that raises yields a failed result:
-    one trial's failure never ends the job."""
+    """Train ``segment`` in this process and keep its report in MLflow. A trainable that
+    raises yields a failed result: one trial's failure never ends the job."""
     tracker = Tracker(job.mlflow_uri, job.experiment)
     ctx = TrialContext(
         trial=segment.trial,
@@ -121,7 +121,11 @@ def run_segment(
     failed = error is not None or not history
     loss = history[-1][1] if history else math.inf
     result = Result(segment.trial, ctx.resource, loss, failed, history, seconds)
-    return SegmentReport(result, seen, error)
+    report = SegmentReport(result, seen, error)
+    # The report is kept with the trial, so a resumed or remote driver never re-runs a
+    # segment that finished.
+    tracker.save_report(run_id, report_name(segment), report.to_dict())
+    return report
 
 
 @task(
