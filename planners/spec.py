@@ -226,8 +226,7 @@ class ProfileSpec(_Strict):
             self.seconds_per_unit
         ) != {1.0}:
             raise ValueError(
-                "seconds_per_unit: with a scaling model give the time on 1 GPU only, "
-                "e.g. {1: 720}"
+                "seconds_per_unit: with a scaling model give the time on 1 GPU only, e.g. {1: 720}"
             )
         if self.speed and self.gpu is None:
             raise ValueError("speed: name the GPU model the timings are for in profile.gpu")

@@ -28,7 +28,7 @@ Example (ALGORITHMS.md §4.5):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
@@ -195,31 +195,35 @@ class SeerResult:
 
 
 def to_plan(
-    row: SeerRow, instance: InstanceType, units_per_hour: Mapping[float, float]
+    row: SeerRow,
+    instance: InstanceType,
+    units_per_hour: Mapping[float, float],
+    max_resource: float = math.inf,
 ) -> AllocationPlan:
-    """One stage per SEER stage, one tier per projected last stage (finalists first);
-    every trial trains ``T * S(u)`` in a stage, which takes ``T`` on average."""
+    """One stage per SEER stage, one tier per GPU count (projected finalists first); a
+    trial trains ``T * S(u)`` in a stage, which takes ``T`` on average, but never past
+    ``max_resource``: a trial that is done stops and frees its GPUs."""
     hours, units, trials, k_max = row.stage_hours, row.units, row.trials, row.stages
     nxt = [*trials[1:], 0]
-    first = hours * units_per_hour[units[0]]  # everyone's progress after stage 1
+    first = min(hours * units_per_hour[units[0]], max_resource)  # everyone, after stage 1
     stages = []
     for k in range(k_max):
+        groups: dict[float, list[float]] = {}  # u -> [trials, start]; same u, same tier
         if k == 0:
-            tiers = [GpuTier(trials[0], units[0], first)]
-        else:
-            tiers = [
-                GpuTier(
-                    trials[f] - nxt[f],
-                    units[f],
-                    hours * units_per_hour[units[f]],
-                    first + (k - 1) * hours * units_per_hour[units[f]],
-                )
-                for f in reversed(range(k, k_max))
-                if trials[f] > nxt[f]
-            ]
+            groups[units[0]] = [trials[0], 0.0]
+        for f in reversed(range(max(k, 1), k_max)):
+            if k and trials[f] > nxt[f]:
+                start = first + (k - 1) * hours * units_per_hour[units[f]]
+                groups.setdefault(units[f], [0, start])[0] += trials[f] - nxt[f]
+        tiers = tuple(
+            GpuTier(int(n), u, min(hours * units_per_hour[u], max_resource - start), start)
+            for u, (n, start) in groups.items()
+            if start < max_resource
+        )
+        if not tiers:
+            break
         sizes = tuple(t.gpus for t in tiers for _ in range(t.trials))
-        nodes = nodes_needed(sizes, instance.gpus)
-        stages.append(StagePlan(0, k, tuple(tiers), instance.name, nodes))
+        stages.append(StagePlan(0, k, tiers, instance.name, nodes_needed(sizes, instance.gpus)))
     return AllocationPlan((tuple(stages),))
 
 
@@ -293,22 +297,9 @@ class Seer:
         first_deadline_h = (
             self.deadline - instance.queueing.mean_s - instance.startup.mean_s
         ) / 3600
-        deadline_h = first_deadline_h
-        budget_h = self.budget / instance.price_per_gpu_hour
-        for _ in range(12):  # tighten D and B until the simulated p95 JCT and cost fit
-            row = solve_for(deadline_h, budget_h).best if deadline_h > 0 else None
-            if row is None:
-                break
-            plan = to_plan(row, instance, speed)
-            outcome = self.simulator.run(plan)
-            late = outcome.jct_q - self.deadline
-            over = outcome.cost_q - self.budget
-            if late <= 0 and over <= 0:
-                return SeerResult(plan, outcome, row, instance.name, True)
-            if late > 0:
-                deadline_h -= late / 3600 * 1.05
-            if over > 0:
-                budget_h *= self.budget / outcome.cost_q * 0.99
+        best = self._fit(instance, speed, solve_for, first_deadline_h, max_resource)
+        if best is not None:
+            return best
 
         # The arithmetic found nothing that fits once priced: try the smallest plans, one
         # per stage count (N_1 = eta^(K-1)), and one trial on the fastest GPU count.
@@ -320,7 +311,7 @@ class Seer:
                 rows.append(SeerRow(row.stages, row.stage_hours, row.units, least))
         priced = []
         for row in rows:
-            plan = to_plan(row, instance, speed)
+            plan = to_plan(row, instance, speed, max_resource)
             priced.append((plan, self.simulator.run(plan), row))
         on_time = [p for p in priced if p[1].jct_q <= self.deadline]
         within = [p for p in on_time if p[1].cost_q <= self.budget]
@@ -334,3 +325,53 @@ class Seer:
         plan, outcome, row = min(on_time, key=lambda p: p[1].cost_q)
         smallest = math.ceil(outcome.cost_q * 100) / 100
         return SeerResult(plan, outcome, row, instance.name, False, smallest_budget=smallest)
+
+    def _fit(
+        self,
+        instance: InstanceType,
+        speed: Mapping[float, float],
+        solve_for: Callable[[float, float], SeerTable],
+        deadline_h: float,
+        max_resource: float,
+    ) -> SeerResult | None:
+        """Solve, price, adjust: the deadline shrinks by what the simulated p95 JCT
+        overshoots; the budget (GPU-hours) is bisected against the simulated p95 cost,
+        which node granularity raises and early finishers (capped at R) lower. The plan
+        with the most trials that fits wins."""
+        budget_h = self.budget / instance.price_per_gpu_hour
+        fits_at, fails_at = 0.0, math.inf  # budgets known to fit and to overspend
+        best: SeerResult | None = None
+        for _ in range(16):
+            row = solve_for(deadline_h, budget_h).best if deadline_h > 0 else None
+            if row is None:
+                break
+            plan = to_plan(row, instance, speed, max_resource)
+            outcome = self.simulator.run(plan)
+            late = outcome.jct_q - self.deadline
+            if late > 0:
+                deadline_h -= late / 3600 * 1.05
+                continue
+            if outcome.cost_q > self.budget:
+                fails_at = budget_h
+                budget_h = (
+                    (fits_at + budget_h) / 2
+                    if fits_at
+                    else budget_h * self.budget / outcome.cost_q * 0.99
+                )
+            else:
+                result = SeerResult(plan, outcome, row, instance.name, True)
+                if best is None or (row.trials[0], -outcome.cost_mean) > (
+                    best.solution.trials[0],
+                    -best.outcome.cost_mean,
+                ):
+                    best = result
+                fits_at = budget_h
+                if math.isinf(fails_at) and outcome.cost_q < 0.99 * self.budget:
+                    budget_h *= min(2.0, self.budget / outcome.cost_q)  # money left: spend it
+                elif math.isinf(fails_at):
+                    break
+                else:
+                    budget_h = (budget_h + fails_at) / 2
+            if fails_at < math.inf and fits_at and fails_at / fits_at < 1.01:
+                break
+        return best
