@@ -274,11 +274,14 @@ class Simulator:
 
     # --- internals ----------------------------------------------------------------------
 
-    def chain(self, chain: tuple[StagePlan, ...]) -> ChainRun:
-        """One chain simulated on its own (cached): planners combine chains themselves."""
+    def chain(self, chain: tuple[StagePlan, ...], keep: bool = True) -> ChainRun:
+        """One chain simulated on its own: planners combine chains themselves. ``keep``
+        caches the result (an exhaustive search that sees each chain once need not)."""
         run = self._chains.get(chain)
         if run is None:
-            run = self._chains[chain] = self._simulate(chain)
+            run = self._simulate(chain)
+            if keep:
+                self._chains[chain] = run
         return run
 
     def _normals(self, bracket: int, rung: int, purpose: int, columns: int) -> Array:
@@ -367,7 +370,7 @@ class Simulator:
             starts.append(slot_ready.min(axis=1))
             ends.append(end)
             now = end
-            if not nominal:
+            if not nominal and length < len(chain):  # whole chains are cached by chain()
                 state = (now, released, tuple(cohorts), tuple(starts), tuple(ends), tuple(rates))
                 self._prefixes[chain[:length]] = state
 
