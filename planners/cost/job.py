@@ -154,17 +154,16 @@ def plan_job(
     )
 
 
-def _late(deadline: float | None, smallest: float) -> Problem:
-    shown = format_duration(deadline) if deadline else "the deadline"
+def _late(deadline: float, smallest: float) -> Problem:
     return Problem(
         "budget.deadline",
-        f"budget.deadline: {shown} cannot be met at p95; the smallest deadline that works "
-        f"is {format_duration(smallest)}",
+        f"budget.deadline: {format_duration(deadline)} cannot be met at p95; the smallest "
+        f"deadline that works is {format_duration(smallest)}",
         smallest,
     )
 
 
-def _dear(budget: float | None, smallest: float) -> Problem:
+def _dear(budget: float, smallest: float) -> Problem:
     return Problem(
         "budget.max_cost_usd",
         f"budget.max_cost_usd: ${budget:,.2f} cannot be met at p95; the smallest budget "

@@ -57,10 +57,6 @@ class Placement:
         """The stage node of every slot."""
         return np.array([slot.node for slot in self.slots], dtype=np.int64)
 
-    @property
-    def concurrent(self) -> int:
-        return len(self.slots)
-
     @cached_property
     def gather(self) -> NDArray[np.float64]:
         """A ``trials x slots`` 0/1 matrix: durations @ gather = busy time of every slot."""

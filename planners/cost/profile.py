@@ -185,6 +185,16 @@ class Profile:
         """Whether the profile has timings for this instance type's GPU model."""
         return self.gpu is None or instance.gpu == self.gpu or instance.gpu in self.speed
 
+    def check(self, instance: InstanceType) -> None:
+        """Raise :class:`ProfileError`, naming the field, if no trial can be timed on
+        ``instance``: its GPU model is not covered or no GPU count fits one node."""
+        self.timing(self.gpu_counts[0], instance)
+        if not self.counts_for(instance):
+            raise ProfileError(
+                f"profile.seconds_per_unit: no GPU count fits one {instance.name} node "
+                f"({instance.gpus} GPUs; the profile has {_counts(self.timings)})"
+            )
+
     def counts_for(self, instance: InstanceType) -> tuple[float, ...]:
         """GPU counts a trial may use on one node of ``instance`` (workers are co-located)."""
         return tuple(g for g in self.timings if g <= instance.gpus)

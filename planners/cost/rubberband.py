@@ -56,7 +56,7 @@ import numpy as np
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.catalog import Catalog, InstanceType
 from planners.cost.placement import place
-from planners.cost.profile import Profile, ProfileError
+from planners.cost.profile import Profile
 from planners.cost.simulate import Outcome, Simulator
 from planners.cost.simulate import quantile as _quantile
 from planners.plan import Stage
@@ -118,13 +118,16 @@ def per_node(instance: InstanceType, gpus: float) -> int:
     return int(instance.gpus / gpus + 1e-9)
 
 
+def nodes_for(trials: int, slots_per_node: int, waves: int) -> int:
+    """The fewest nodes that run ``trials`` in ``waves`` waves."""
+    return math.ceil(math.ceil(trials / waves) / slots_per_node)
+
+
 def wave_nodes(trials: int, slots_per_node: int, nodes: int | None) -> int:
     """The fewest nodes that run ``trials`` in as few waves as ``nodes`` nodes do (all at
     once when ``nodes`` is None): more nodes would only idle in the last wave."""
-    if nodes is None:
-        return math.ceil(trials / slots_per_node)
-    waves = math.ceil(trials / (nodes * slots_per_node))
-    return math.ceil(math.ceil(trials / waves) / slots_per_node)
+    waves = 1 if nodes is None else math.ceil(trials / (nodes * slots_per_node))
+    return nodes_for(trials, slots_per_node, waves)
 
 
 def build_stage(
@@ -160,7 +163,7 @@ def fewer_nodes(stage: StagePlan, instance: InstanceType) -> int | None:
     slots = per_node(instance, stage.tiers[0].gpus)
     waves = math.ceil(stage.trials / (stage.instances * slots))
     for more in range(waves + 1, stage.trials + 1):
-        nodes = math.ceil(math.ceil(stage.trials / more) / slots)
+        nodes = nodes_for(stage.trials, slots, more)
         if nodes < stage.instances:
             return nodes
     return None
@@ -345,12 +348,7 @@ class RubberBand:
         caps, problems = {}, []
         for instance in self.types:
             try:
-                self.profile.timing(self.profile.gpu_counts[0], instance)  # GPU model covered
-                if not self.profile.counts_for(instance):
-                    raise ProfileError(
-                        f"profile.seconds_per_unit: no GPU count fits one {instance.name} "
-                        f"node ({instance.gpus} GPUs)"
-                    )
+                self.profile.check(instance)
                 caps[instance.name] = self.caps(chains, instance)
             except SpecError as problem:
                 problems.append(problem)

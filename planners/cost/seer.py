@@ -259,11 +259,15 @@ class Seer:
         self.max_gpus = max_gpus
 
     def plan(self, max_resource: float, eta: int, min_resource: float = 1.0) -> SeerResult:
-        usable = [t for t in self.types if self.profile.counts_for(t)]
+        usable, problems = [], []
+        for instance in self.types:
+            try:
+                self.profile.check(instance)
+                usable.append(instance)
+            except SpecError as problem:
+                problems.append(problem)
         if not usable:
-            raise SpecError(
-                f"profile.seconds_per_unit: no GPU count fits one {self.types[0].name} node"
-            )
+            raise problems[0]
         results = [self._on(t, max_resource, eta, min_resource) for t in usable]
         feasible = [r for r in results if r.feasible]
         if feasible:
@@ -276,7 +280,6 @@ class Seer:
     def _on(
         self, instance: InstanceType, max_resource: float, eta: int, min_resource: float
     ) -> SeerResult:
-        self.profile.timing(self.profile.gpu_counts[0], instance)  # GPU model covered
         speed = {
             g: self.profile.units_per_hour(g, instance) for g in self.profile.counts_for(instance)
         }
