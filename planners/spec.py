@@ -23,6 +23,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
+    PositiveFloat,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -238,6 +240,47 @@ class TrackingSpec(_Strict):
     optuna_storage: str = "sqlite:///.elastune/optuna.db"
 
 
+class ProfileSpec(_Strict):
+    """Seconds per resource unit of one trial on ``g`` GPUs, for the cost planner.
+
+    Either a measured table (``seconds_per_unit: {1: 720, 2: 400, 4: 225}``) or the time
+    on one GPU plus a scaling model: an explicit speedup table ``speedup: {2: 1.8, 4: 3.2}``
+    (``S(g) = t(1)/t(g)``) or Amdahl's ``serial_fraction`` over ``gpus``. Counts below 1
+    are GPU shares (0.5: two trials per GPU).
+    """
+
+    seconds_per_unit: dict[PositiveFloat, PositiveFloat] = Field(min_length=1)
+    # Spread per resource unit, independent between units (a segment's sd grows as sqrt):
+    # absolute per count, or relative to the mean for counts not listed.
+    sd_per_unit: dict[PositiveFloat, NonNegativeFloat] = Field(default_factory=dict)
+    unit_cv: NonNegativeFloat = 0.0
+    # Spread of a whole segment relative to its mean (a slow node stays slow): stragglers.
+    segment_cv: NonNegativeFloat = 0.0
+    overhead_s: NonNegativeFloat = 0.0  # per segment: restore and save a checkpoint
+    speedup: dict[PositiveFloat, PositiveFloat] | None = None
+    serial_fraction: float | None = Field(default=None, ge=0, lt=1)
+    gpus: list[PositiveFloat] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1)
+    gpu: str | None = None  # GPU model the timings are for; None: any
+    speed: dict[str, PositiveFloat] = Field(default_factory=dict)  # other models vs ``gpu``
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ProfileSpec:
+        for g in self.sd_per_unit:
+            if g not in self.seconds_per_unit:
+                raise ValueError(f"sd_per_unit: {g:g} GPUs has no entry in seconds_per_unit")
+        if self.speedup is not None and self.serial_fraction is not None:
+            raise ValueError("give either speedup or serial_fraction, not both")
+        if (self.speedup is not None or self.serial_fraction is not None) and set(
+            self.seconds_per_unit
+        ) != {1.0}:
+            raise ValueError(
+                "seconds_per_unit: with a scaling model give the time on 1 GPU only, e.g. {1: 720}"
+            )
+        if self.speed and self.gpu is None:
+            raise ValueError("speed: name the GPU model the timings are for in profile.gpu")
+        return self
+
+
 # --- the job ------------------------------------------------------------------------------
 
 
@@ -252,6 +295,7 @@ class JobSpec(_Strict):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     compute: ComputeSpec = Field(default_factory=ComputeSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    profile: ProfileSpec | None = None
 
     @property
     def experiment(self) -> str:
