@@ -111,6 +111,40 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return _finish(args.job_id, lambda: resume(args.job_id, args.storage), args.json)
 
 
+# --- plan -------------------------------------------------------------------------------
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    spec = _load(args)
+    from planners.cost import plan_job, read_catalog
+
+    catalog = read_catalog(args.catalog) if args.catalog else None
+    report = plan_job(spec, planner=args.planner, catalog=catalog)
+    if args.gantt:
+        from planners.cost.gantt import draw_gantt
+
+        draw_gantt(report, args.gantt)
+    _emit(report.to_dict(), args.json, lambda _: _print_plan(report))
+    report.check()  # an infeasible deadline or budget is bad input: exit 2, naming it
+    return 0
+
+
+def _print_plan(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    columns, rows = report.to_table()
+    table = Table(title=f"{report.planner} plan")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    console.print(table)
+    for line in report.summary_lines():
+        console.print(line, highlight=False)
+
+
 # --- parser -------------------------------------------------------------------------------
 
 
@@ -124,6 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
     run.add_argument("--pool", help="run segments on this Prefect work pool (compute.pool)")
     run.set_defaults(handler=cmd_run)
+
+    plan = commands.add_parser("plan", help="dry run: staged plan, predicted time and cost")
+    plan.add_argument("job", help="job file (YAML)")
+    plan.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    plan.add_argument("--gantt", metavar="FILE.png", help="draw stages, instances and trials")
+    plan.add_argument("--planner", choices=("rubberband", "seer"), default="rubberband")
+    plan.add_argument("--catalog", metavar="FILE.yaml", help="your own instance catalog")
+    plan.set_defaults(handler=cmd_plan)
 
     again = commands.add_parser("resume", help="continue a job whose driver died")
     again.add_argument("job_id", help="the id printed as `job <ID>`")

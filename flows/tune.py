@@ -18,6 +18,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import mlflow
@@ -32,8 +33,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.pools import PoolTarget, WorkerLost, launch_segment, lost, open_pool
 from flows.progress import JobProgress
 from infra.sizing import InfraError, publish_sizing
+from planners.cost import plan_job
 from planners.loop import StudyJournal, TuningLoop
-from planners.plan import Plan, compile_plan
+from planners.plan import Plan, allocate, compile_plan
 from planners.schedulers.base import Action, Decision, Segment, rank_key
 from planners.space import make_sampler
 from planners.spec import JobSpec, SpecError, load_job, parse_job
@@ -63,7 +65,13 @@ class Job:
     """The state of one job: its study, scheduler loop, MLflow runs, pool and progress."""
 
     def __init__(
-        self, spec: JobSpec, job_id: str, study: optuna.Study, tracker: Tracker, parent: str
+        self,
+        spec: JobSpec,
+        job_id: str,
+        study: optuna.Study,
+        tracker: Tracker,
+        parent: str,
+        plan: Plan,
     ):
         self.spec = spec
         self.job_id = job_id
@@ -73,7 +81,7 @@ class Job:
         self.tracker = tracker
         self.storage = local_uri(spec.tracking.optuna_storage)
         self.loop = TuningLoop(spec, study, journal=StudyJournal(study))
-        self.plan: Plan = compile_plan(spec)
+        self.plan = plan
         self.ref = JobRef.of(spec, job_id, self.tracker.uri)
         self.pool: PoolTarget | None = None
         self.runs = {
@@ -90,7 +98,7 @@ class Job:
         self._metric_seen = False
 
     @classmethod
-    def create(cls, spec: JobSpec, job_id: str, pool: PoolTarget | None) -> Job:
+    def create(cls, spec: JobSpec, job_id: str, plan: Plan, pool: PoolTarget | None) -> Job:
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
         study = optuna.create_study(
             study_name=job_id,
@@ -105,7 +113,7 @@ class Job:
         )
         study.set_user_attr(SPEC_ATTR, spec.model_dump(mode="json"))
         study.set_user_attr(RUN_ATTR, parent)
-        job = cls(spec, job_id, study, tracker, parent)
+        job = cls(spec, job_id, study, tracker, parent, plan)
         job.pool = pool
         return job
 
@@ -120,7 +128,7 @@ class Job:
             raise SpecError(f"job id: study {job_id!r} was not made by elastune")
         spec = parse_job(study.user_attrs[SPEC_ATTR], f"job {job_id}")
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
-        job = cls(spec, job_id, study, tracker, study.user_attrs[RUN_ATTR])
+        job = cls(spec, job_id, study, tracker, study.user_attrs[RUN_ATTR], plan_for(spec))
         job.pool = None if spec.compute.pool == "local" else open_pool(spec)
         for result, note, decisions in job.loop.replay(StudyJournal(study).records()):
             job._account(result.trial, note or {}, decisions)
@@ -138,10 +146,11 @@ class Job:
         if segment.clone_from is not None:
             self.tracker.copy_checkpoint(self.runs[segment.clone_from], run_id)
         config = self.loop.configs[segment.trial]
+        stage = self.plan.stage(segment.bracket, segment.rung)
+        segment = replace(segment, gpus=stage.gpus_per_trial)
         if self.pool is None:
             return train_segment.submit(self.ref, segment, config, run_id)
-        stage = self.plan.stage(segment.bracket, segment.rung)
-        variables = self.pool.job_variables(stage.gpus_per_trial, None)
+        variables = self.pool.job_variables(stage.gpus_per_trial, stage.instance_type)
         return launch_segment.submit(
             self.pool.deployment, self.ref, segment, config, run_id, variables
         )
@@ -198,6 +207,21 @@ class Job:
             self._active.discard(key)
         return done
 
+    def may_start(self, segment: Segment, running: list[Segment]) -> bool:
+        """A planned job caps each stage at its planned concurrency; otherwise the job
+        runs at most ``compute.workers`` segments at once."""
+        stage = self.plan.stage(segment.bracket, segment.rung)
+        if stage.slots is None:
+            return len(running) < self.spec.compute.workers
+        same = sum((s.bracket, s.rung) == (segment.bracket, segment.rung) for s in running)
+        return same < stage.slots
+
+    def may_start_any(self, running: list[Segment]) -> bool:
+        """Is there room for one more segment of some stage?"""
+        if all(stage.slots is None for stage in self.plan.stages):
+            return len(running) < self.spec.compute.workers
+        return len(running) < sum(stage.slots or 0 for stage in self.plan.stages)
+
     # --- the pool ------------------------------------------------------------------------
 
     def size_pool(self, starting: list[Segment]) -> None:
@@ -207,11 +231,14 @@ class Job:
             return
         self._active |= {(s.bracket, s.rung) for s in starting}
         stages = [self.plan.stage(*key) for key in sorted(self._active)]
-        slots = min(self.spec.compute.workers, sum(s.trials for s in stages))
+        if any(s.slots is None for s in stages):
+            slots = min(self.spec.compute.workers, sum(s.trials for s in stages))
+        else:
+            slots = sum(s.slots or 0 for s in stages)
         if slots != self._slots:
             name = "+".join(s.name for s in stages)
             gpus = max(s.gpus_per_trial for s in stages)
-            self.pool.backend.size(name, slots, gpus_per_trial=gpus)
+            self.pool.backend.size(name, slots, gpus, stages[-1].instance_type)
             self.pool.backend.wait_ready(timeout=600)
             self._slots = slots
 
@@ -304,6 +331,17 @@ def register_best(
         )
 
 
+def plan_for(spec: JobSpec) -> Plan:
+    """The staged plan; with a deadline or budget and a profile, the cost planner sets each
+    stage's GPUs per trial, concurrency and instance type (an infeasible one is bad input)."""
+    plan = compile_plan(spec)
+    if spec.profile is None or (spec.budget.deadline is None and spec.budget.max_cost_usd is None):
+        return plan
+    report = plan_job(spec)
+    report.check()
+    return allocate(plan, report.allocations)
+
+
 @flow(name="tune", task_runner=ThreadPoolTaskRunner(max_workers=64))
 def tune(
     job_file: str, overrides: list[str] | None = None, job_id: str | None = None
@@ -312,8 +350,9 @@ def tune(
     with bad_input_fails_the_run() as outcome:
         spec = load_job(job_file, overrides or ())
         load_trainable(spec.trainable)
+        plan = plan_for(spec)
         pool = None if spec.compute.pool == "local" else open_pool(spec)
-        outcome.value = drive(Job.create(spec, job_id or new_job_id(spec.name), pool))
+        outcome.value = drive(Job.create(spec, job_id or new_job_id(spec.name), plan, pool))
     return outcome.value
 
 
@@ -365,13 +404,22 @@ def drive(job: Job) -> dict[str, Any]:
     try:
         with pool, JobProgress(spec.metric, job.plan.segments) as progress:
             while True:
-                starting = pending[: spec.compute.workers - len(running)]
-                pending = pending[len(starting) :]
-                while len(running) + len(starting) < spec.compute.workers:
+                starting: list[Segment] = []
+                busy = list(running.values())
+                for segment in list(pending):
+                    if job.may_start(segment, busy + starting):
+                        pending.remove(segment)
+                        starting.append(segment)
+                # Draw from the scheduler while there is room; a segment of a stage already
+                # at its planned concurrency waits in pending, and drawing stops.
+                while not pending and job.may_start_any(busy + starting):
                     segment = job.loop.next_segment()
                     if segment is None:
                         break
-                    starting.append(segment)
+                    if job.may_start(segment, busy + starting):
+                        starting.append(segment)
+                    else:
+                        pending.append(segment)
                 job.size_pool(starting)
                 for segment in starting:
                     running[job.submit(segment)] = segment

@@ -11,7 +11,9 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from planners.geometry import Bracket, floor_log, hyperband_brackets, sha_bracket
 from planners.spec import HyperbandSpec, JobSpec, ShaSpec
@@ -27,6 +29,9 @@ class Stage:
     start: float
     stop: float
     gpus_per_trial: float = 1.0
+    # Set by a cost planner: segments of this stage that run at once, and where.
+    slots: int | None = None
+    instance_type: str | None = None
 
     @property
     def name(self) -> str:
@@ -58,15 +63,43 @@ class Plan:
 
     def to_markdown(self) -> str:
         rows = [
-            "| stage | bracket | rung | trials | resource | GPUs/trial |",
-            "|---|---|---|---|---|---|",
+            "| stage | bracket | rung | trials | resource | GPUs/trial | at once | instance |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for s in self.stages:
             rows.append(
                 f"| {s.name} | {s.bracket} | {s.rung} | {s.trials} | "
-                f"{s.start:g} → {s.stop:g} | {s.gpus_per_trial:g} |"
+                f"{s.start:g} → {s.stop:g} | {s.gpus_per_trial:g} | "
+                f"{s.slots or self.workers} | {s.instance_type or 'local'} |"
             )
         return "\n".join(rows)
+
+
+class Allocation(Protocol):
+    """What a cost planner decided for one stage (see ``planners.cost``)."""
+
+    bracket: int
+    rung: int
+    gpus_per_trial: float
+    instance_type: str
+    concurrent: int
+
+
+def allocate(plan: Plan, allocations: Iterable[Allocation]) -> Plan:
+    """The plan with each stage's GPUs per trial, concurrency and instance type set."""
+    chosen = {(a.bracket, a.rung): a for a in allocations}
+    stages = []
+    for stage in plan.stages:
+        a = chosen[(stage.bracket, stage.rung)]
+        stages.append(
+            replace(
+                stage,
+                gpus_per_trial=a.gpus_per_trial,
+                slots=a.concurrent,
+                instance_type=a.instance_type,
+            )
+        )
+    return Plan(tuple(stages), plan.workers)
 
 
 def sha_trials(spec: ShaSpec) -> int:
