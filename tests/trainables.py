@@ -39,3 +39,23 @@ def nan_for_small_x(config: dict, ctx: TrialContext) -> None:
 def wrong_metric(config: dict, ctx: TrialContext) -> None:
     for _ in ctx.range(ctx.restore()):
         ctx.report(accuracy=0.5)
+
+
+def logged_quadratic(config: dict, ctx: TrialContext) -> None:
+    """:func:`quadratic`, slowed down, appending every epoch it trains to $ELASTUNE_TEST_LOG."""
+    import os
+    import time
+
+    state = torch.nn.Linear(1, 1)
+    with torch.no_grad():
+        state.bias.zero_()
+    start = ctx.restore(model=state)
+    for epoch in ctx.range(start):
+        time.sleep(0.3)
+        with torch.no_grad():
+            state.bias += 1.0
+        with open(os.environ["ELASTUNE_TEST_LOG"], "a") as log:
+            log.write(f"{ctx.trial} {epoch}\n")
+        ceiling = 1 - (config["x"] - 0.7) ** 2
+        ctx.report(val_accuracy=ceiling * (1 - 0.5**epoch), epochs_trained=state.bias.item())
+        ctx.checkpoint(model=state)
