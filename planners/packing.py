@@ -3,8 +3,9 @@
 A segment is a rectangle: its **width** is its GPU share ``w`` and its **height** the time it
 runs at that width. Widths above 1 are data-parallel training on ``w`` GPUs of one node
 (speed ``S(w)`` from the profile); widths ``1/c`` share one GPU between ``c`` segments (speed
-``sigma(c)`` each). The packer picks widths by water-filling (§6.3) and places rectangles on
-the nodes over time, keeping one trial's workers on one node.
+``sigma(c)`` each). The packer picks widths by water-filling (§6.3, and a water-level
+variant that avoids its rounding loss) and places rectangles on the nodes over time, keeping
+one trial's workers on one node.
 
 Two policies share one event engine:
 
@@ -41,8 +42,7 @@ import numpy as np
 
 from planners.schedulers.base import Result
 
-# Widths such as 1/3 must compare and add exactly: a GPU holds three 1/3 segments, not 2.9999.
-Width = Fraction
+# Widths are Fractions: 1/3 must compare and add exactly (three of them make one GPU).
 _EPS = 1e-9
 
 

@@ -176,3 +176,11 @@ def test_global_batches_split_one_global_batch_by_rank():
     assert whole.batch(0).tolist() != whole.batch(12).tolist()  # a new epoch reshuffles
     with pytest.raises(ValueError, match="global_batch 8 is not divisible by world_size 3"):
         GlobalBatches(100, 8, 0, 3)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import tasks.distributed
+
+    assert doctest.testmod(tasks.distributed).failed == 0

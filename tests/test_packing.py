@@ -338,3 +338,11 @@ def test_with_sharing_no_rigid_schedule_meets_twice_the_bound():
     )
     assert packer.lower_bound(group) == 0.375
     assert best > 2 * packer.lower_bound(group)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import planners.packing
+
+    assert doctest.testmod(planners.packing).failed == 0
