@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,8 @@ from tasks.tracking import Tracker
 from tasks.train import JobRef, SegmentReport, report_name
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKER_TIMEOUT = 30.0  # seconds to wait for a worker polling the pool before giving up
+# Seconds to wait for a worker polling the pool before giving up.
+WORKER_TIMEOUT = float(os.environ.get("ELASTUNE_WORKER_TIMEOUT", "30"))
 
 
 class WorkerLost(RuntimeError):

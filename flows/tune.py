@@ -94,7 +94,7 @@ class Job:
         self.segments = 0
         self._stage_results: dict[tuple[int, int], int] = {}
         self._active: set[tuple[int, int]] = set()
-        self._slots = -1
+        self._sized = ""
         self._metric_seen = False
 
     @classmethod
@@ -231,16 +231,18 @@ class Job:
             return
         self._active |= {(s.bracket, s.rung) for s in starting}
         stages = [self.plan.stage(*key) for key in sorted(self._active)]
+        if not stages:  # between stages with nothing to start: keep the pool as it is
+            return
         if any(s.slots is None for s in stages):
             slots = min(self.spec.compute.workers, sum(s.trials for s in stages))
         else:
             slots = sum(s.slots or 0 for s in stages)
-        if slots != self._slots:
-            name = "+".join(s.name for s in stages)
+        name = "+".join(s.name for s in stages)
+        if name != self._sized:  # every change of the active stages is a sizing action
             gpus = max(s.gpus_per_trial for s in stages)
             self.pool.backend.size(name, slots, gpus, stages[-1].instance_type)
             self.pool.backend.wait_ready(timeout=600)
-            self._slots = slots
+            self._sized = name
 
     # --- reports -------------------------------------------------------------------------
 

@@ -21,6 +21,9 @@ os.environ.pop("PREFECT_API_URL", None)
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+# One real `prefect server` for the whole session, shared by every module that asks for it.
+from tests.prefect_server import prefect_api  # noqa: E402, F401
+
 
 @pytest.fixture
 def stores(tmp_path: Path) -> list[str]:

@@ -29,10 +29,7 @@ from infra.sizing import (
     publish_sizing,
 )
 from infra.template import TEMPLATE_PATH
-from tests.prefect_server import (
-    prefect_api,  # noqa: F401 (the fixture, used below)
-    running_worker,
-)
+from tests.prefect_server import running_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
