@@ -45,79 +45,54 @@ class _Strict(BaseModel):
 # --- search space -------------------------------------------------------------------------
 
 
-class FloatParam(_Strict):
+class _Range(_Strict):
+    """Cross-field checks of numeric ranges. They are field validators (fields validate in
+    declaration order, so ``low`` is known when ``high`` is checked): the error's location
+    names the offending field, e.g. ``space.lr.high``."""
+
+    @field_validator("high", check_fields=False)
+    @classmethod
+    def _high(cls, high: float, info: ValidationInfo) -> float:
+        low = info.data.get("low")
+        if low is not None and low > high:
+            raise ValueError(f"high ({high}) must not be below low ({low})")
+        return high
+
+    @field_validator("log", check_fields=False)
+    @classmethod
+    def _log(cls, log: bool, info: ValidationInfo) -> bool:
+        low = info.data.get("low")
+        if log and low is not None and low <= 0:
+            raise ValueError(f"a log scale needs low > 0, got low = {low}")
+        return log
+
+    @field_validator("step", check_fields=False)
+    @classmethod
+    def _step(cls, step: float | None, info: ValidationInfo) -> float | None:
+        if info.data.get("log") and step != cls.model_fields["step"].default:
+            raise ValueError("log and step cannot be used together")
+        return step
+
+
+class FloatParam(_Range):
     type: Literal["float"]
     low: float
     high: float
     log: bool = False
     step: float | None = Field(default=None, gt=0)
 
-    @field_validator("high")
-    @classmethod
-    def _high(cls, high: float, info: ValidationInfo) -> float:
-        return _check_high(high, info)
 
-    @field_validator("log")
-    @classmethod
-    def _log(cls, log: bool, info: ValidationInfo) -> bool:
-        return _check_log(log, info)
-
-    @field_validator("step")
-    @classmethod
-    def _step(cls, step: float | None, info: ValidationInfo) -> float | None:
-        return _check_step(step is not None, step, info)
-
-
-class IntParam(_Strict):
+class IntParam(_Range):
     type: Literal["int"]
     low: int
     high: int
     log: bool = False
     step: int = Field(default=1, ge=1)
 
-    @field_validator("high")
-    @classmethod
-    def _high(cls, high: int, info: ValidationInfo) -> int:
-        return _check_high(high, info)
-
-    @field_validator("log")
-    @classmethod
-    def _log(cls, log: bool, info: ValidationInfo) -> bool:
-        return _check_log(log, info)
-
-    @field_validator("step")
-    @classmethod
-    def _step(cls, step: int, info: ValidationInfo) -> int:
-        return _check_step(step != 1, step, info)
-
 
 class CategoricalParam(_Strict):
     type: Literal["categorical"]
     choices: list[str | int | float | bool] = Field(min_length=1)
-
-
-# Cross-field checks are field validators (fields validate in declaration order), so the
-# error's location names the offending field, e.g. ``space.lr.high``.
-
-
-def _check_high(high: float, info: ValidationInfo) -> float:
-    low = info.data.get("low")
-    if low is not None and low > high:
-        raise ValueError(f"high ({high}) must not be below low ({low})")
-    return high
-
-
-def _check_log(log: bool, info: ValidationInfo) -> bool:
-    low = info.data.get("low")
-    if log and low is not None and low <= 0:
-        raise ValueError(f"a log scale needs low > 0, got low = {low}")
-    return log
-
-
-def _check_step(has_step: bool, step: Any, info: ValidationInfo) -> Any:
-    if info.data.get("log") and has_step:
-        raise ValueError("log and step cannot be used together")
-    return step
 
 
 Param = Annotated[FloatParam | IntParam | CategoricalParam, Field(discriminator="type")]
