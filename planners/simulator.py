@@ -18,6 +18,9 @@ Where configurations come from:
   drawn from the run's seed (without replacement; ``replace=True`` draws rows with
   replacement). Schedulers with ``max_trials`` are capped at the table's size.
 
+A PBT exploit continues on the curve of its new configuration from the donor's resource: a
+learning-curve benchmark knows configurations and epochs, not inherited weights.
+
 Fast path (``fast=True``): a stand-in for the Optuna study that draws configurations
 directly (table rows, or uniform draws from the space) and drops reports, for runs of
 100,000 trials where Optuna's bookkeeping would dominate. Schedulers and the loop are the
@@ -166,12 +169,20 @@ class _LightStudy:
         """Nothing to learn from: the fast path has no model-based sampler."""
 
 
-def _study(spec: JobSpec, benchmark: Benchmark, seed: int, use_optuna: bool, replace: bool) -> Any:
+def _study(
+    spec: JobSpec,
+    benchmark: Benchmark,
+    seed: int,
+    use_optuna: bool,
+    replace: bool,
+    sampler: optuna.samplers.BaseSampler | None,
+) -> Any:
     direction = StudyDirection.MAXIMIZE if spec.mode == "max" else StudyDirection.MINIMIZE
     table = benchmark.table
     rows = RowDraw(len(table), seed, replace) if table is not None else None
-    if use_optuna:
-        sampler = TableSampler(table, rows) if rows else make_sampler(spec, seed)
+    if sampler is not None or use_optuna:
+        if sampler is None:
+            sampler = TableSampler(table, rows) if rows else make_sampler(spec, seed)
         return optuna.create_study(direction=direction, sampler=sampler)
     if rows is not None:
         names = list(spec.space)
@@ -212,7 +223,9 @@ def fit_to_table(spec: JobSpec, size: int) -> JobSpec:
 @dataclass
 class Simulation:
     """One seed's run. ``anytime`` holds ``(simulated seconds, best metric so far)`` at each
-    improvement; ``gpu_seconds`` counts busy worker time up to the end (or the deadline)."""
+    improvement, counting every trained epoch; ``trained`` counts only the results of trials
+    trained to the job's ``max_resource`` (the sense of ASHA's "time to a fully trained
+    model", §3.2); ``gpu_seconds`` counts busy worker time up to the end (or the deadline)."""
 
     seed: int
     workers: int
@@ -224,6 +237,7 @@ class Simulation:
     results: int  # segment results delivered to the scheduler (events)
     simulated_seconds: float
     best_trial: dict[str, Any] | None
+    trained: list[tuple[float, float]] = field(default_factory=list)
     wall_seconds: float = field(default=0.0, compare=False)  # real time; not in to_dict()
 
     @property
@@ -239,9 +253,10 @@ class Simulation:
             best = value
         return best
 
-    def time_to(self, target: float) -> float | None:
-        """First simulated time the best metric reached ``target`` (None: never)."""
-        for t, value in self.anytime:
+    def time_to(self, target: float, trained: bool = False) -> float | None:
+        """First simulated time the best metric reached ``target`` (None: never); with
+        ``trained``, the first time a trial trained to ``max_resource`` reached it."""
+        for t, value in self.trained if trained else self.anytime:
             if (value >= target) if self.mode == "max" else (value <= target):
                 return t
         return None
@@ -251,6 +266,7 @@ class Simulation:
             "seed": self.seed,
             "workers": self.workers,
             "anytime": [[t, v] for t, v in self.anytime],
+            "trained": [[t, v] for t, v in self.trained],
             "final_best": self.final_best,
             "gpu_seconds": self.gpu_seconds,
             "trials_started": self.trials_started,
@@ -281,6 +297,7 @@ def simulate(
     scheduler: Scheduler | None = None,
     fast: bool = False,
     replace: bool = False,
+    sampler: optuna.samplers.BaseSampler | None = None,
 ) -> Simulation:
     """Run the job once in simulated time.
 
@@ -294,6 +311,8 @@ def simulate(
             sizes it to the table itself.
         fast: Take the fast path (no Optuna study; see the module docstring).
         replace: Draw table rows with replacement (for more trials than rows).
+        sampler: Overrides where configurations come from (and implies an Optuna study);
+            with a table, it must propose the table's rows.
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -302,13 +321,15 @@ def simulate(
         spec = fit_to_table(spec, len(benchmark.table))
     loop = TuningLoop(
         spec,
-        _study(spec, benchmark, seed, not fast, replace),
+        _study(spec, benchmark, seed, not fast, replace, sampler),
         scheduler or make_scheduler(spec, seed),
     )
     maximise = spec.mode == "max"
     horizon = math.inf if deadline is None else deadline
     queue: list[tuple[float, int, float, float, Result]] = []  # (due, order, start, gpus, result)
     points: list[tuple[float, float]] = []  # per segment, its running best at each epoch
+    trained: list[tuple[float, float]] = []  # results at the top resource, as they arrive
+    top = spec.scheduler.max_resource - 1e-9
     curves: dict[int, tuple[Mapping[str, Any], Curve]] = {}
     now = gpu_seconds = 0.0
     submitted = results = 0
@@ -346,6 +367,8 @@ def simulate(
         gpu_seconds += (due - start) * gpus
         loop.record(result)
         results += 1
+        if result.resource >= top and not math.isnan(result.loss):
+            trained.append((due, -result.loss if maximise else result.loss))
     for due, _, start, gpus, _ in queue:  # cut off by the deadline
         gpu_seconds += (min(due, horizon) - start) * gpus
     end = now if not queue else horizon
@@ -356,6 +379,7 @@ def simulate(
         workers=workers,
         mode=spec.mode,
         anytime=_anytime(points, horizon, maximise),
+        trained=_anytime(trained, horizon, maximise),
         gpu_seconds=gpu_seconds,
         trials_started=len(loop.configs),
         segments_run=submitted,

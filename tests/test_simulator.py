@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import optuna
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -58,6 +59,12 @@ def test_one_worker_runs_segments_back_to_back():
     assert run.final_best == pytest.approx(max(xs)) == run.best_trial["metric"]
     assert run.time_to(max(xs)) == pytest.approx(run.anytime[-1][0])
     assert run.time_to(2.0) is None
+    # Fully trained results arrive at each trial's end: 9 (1 + x0), then later ones.
+    assert run.trained[0] == pytest.approx((9 * (1 + xs[0]), xs[0]))
+    best = xs.index(max(xs))
+    assert run.time_to(max(xs), trained=True) == pytest.approx(
+        sum(9 * (1 + x) for x in xs[: best + 1])
+    )
 
 
 def test_workers_run_in_parallel_and_a_deadline_cuts_them():
@@ -91,6 +98,14 @@ def test_fast_path_equals_the_optuna_path_when_a_table_draws_the_configs():
     slow = simulate(spec, ToyTable(), workers=5, seed=1, deadline=60)
     fast = simulate(spec, ToyTable(), workers=5, seed=1, deadline=60, fast=True)
     assert fast.to_dict() == slow.to_dict()
+
+
+def test_a_sampler_can_replace_the_jobs_own():
+    spec = job({"name": "random", "max_resource": 9, "max_trials": 6})
+    own = simulate(spec, Toy(), workers=2, seed=7).to_dict()
+    given = simulate(spec, Toy(), 2, seed=0, sampler=optuna.samplers.RandomSampler(seed=7))
+    assert {**given.to_dict(), "seed": 7} == own
+    assert simulate(spec, Toy(), workers=2, seed=0).to_dict()["anytime"] != own["anytime"]
 
 
 @settings(max_examples=15, deadline=None)
