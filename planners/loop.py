@@ -6,6 +6,14 @@ resource as its step, and tells Optuna how each trial ended: COMPLETE when it re
 maximum resource, PRUNED when the scheduler stopped it, FAIL when it failed. The Prefect
 flow and the simulator both drive this one class, so they cannot drift apart.
 
+Durability: with a :class:`Journal`, every result is appended together with the segments
+handed out since the previous one. :meth:`TuningLoop.replay` feeds those records to a
+fresh scheduler, which rebuilds its exact state (rungs, promotions, trials in flight)
+without re-running or re-telling anything; Optuna trials are matched to trial ids through
+their ``elastune.trial`` attribute. With a sampler seed, each trial's configuration is
+drawn by a sampler seeded from (seed, trial id), so a resumed job samples what an
+uninterrupted one would have.
+
 Example:
     >>> import optuna
     >>> from planners.spec import parse_job
@@ -26,15 +34,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
 
 import optuna
 from optuna.trial import TrialState
 
 from planners.schedulers import make_scheduler
 from planners.schedulers.base import Action, Decision, Result, Scheduler, Segment
-from planners.space import distributions
+from planners.space import distributions, make_sampler
 from planners.spec import JobSpec
 
 
@@ -46,30 +55,57 @@ class Best:
     resource: float
 
 
+class Journal(Protocol):
+    """Durable, append-only records of a job's results."""
+
+    def append(self, record: dict[str, Any]) -> None: ...
+
+    def records(self) -> list[dict[str, Any]]: ...
+
+
+TRIAL_ATTR = "elastune.trial"
+
+
 class TuningLoop:
     """Couples a scheduler with an Optuna study (ask/tell, define-and-run).
 
     Args:
         spec: The validated job.
         study: Where configurations come from and results go; its direction must match
-            the job's mode.
+            the job's mode. Trials it already holds (a resumed job) are reused.
         scheduler: Defaults to the one the job file names.
+        journal: Where results are recorded as they happen, for :meth:`replay`.
     """
 
-    def __init__(self, spec: JobSpec, study: optuna.Study, scheduler: Scheduler | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        study: optuna.Study,
+        scheduler: Scheduler | None = None,
+        journal: Journal | None = None,
+    ):
         expected = "maximize" if spec.mode == "max" else "minimize"
         if study.direction.name.lower() != expected:
             raise ValueError(f"study direction must be {expected} for mode {spec.mode}")
         self.spec = spec
         self.study = study
         self.scheduler = scheduler or make_scheduler(spec, seed=spec.sampler.seed or 0)
+        self.journal = journal
         self.configs: dict[int, dict[str, Any]] = {}
         self.states: dict[int, Action] = {}
         self.reached: dict[int, tuple[float, float]] = {}  # trial -> (resource, loss)
+        self.running = 0
         self._distributions = distributions(spec)
         self._trials: dict[int, optuna.trial.Trial] = {}
         self._reported: dict[int, set[int]] = {}
-        self.running = 0
+        self._finished: set[int] = set()
+        self._handed_out: list[Segment] = []  # since the last journal record
+        self._in_flight: dict[tuple[int, float], Segment] = {}
+        self._stored = {
+            t.user_attrs[TRIAL_ATTR]: t
+            for t in study.get_trials(deepcopy=False)
+            if TRIAL_ATTR in t.user_attrs
+        }
 
     # --- executor side -------------------------------------------------------------------
 
@@ -79,30 +115,91 @@ class TuningLoop:
         if job is None:
             return None
         if job.trial not in self._trials:
-            trial = self.study.ask(self._distributions)
-            self._trials[job.trial] = trial
-            self.configs[job.trial] = dict(trial.params)
+            self._open(job.trial)
         if job.config is not None:
             self.configs[job.trial] = dict(job.config)
         self.running += 1
+        self._handed_out.append(job)
+        self._in_flight[(job.trial, job.stop)] = job
         return job
 
-    def record(self, result: Result) -> list[Decision]:
-        """Feed one finished segment to the scheduler and Optuna; returns the decisions."""
+    def _open(self, trial_id: int) -> None:
+        stored = self._stored.get(trial_id)
+        if stored is not None:  # asked before a crash: reuse it, never ask twice
+            trial = optuna.trial.Trial(self.study, stored._trial_id)
+            params = stored.params
+            self._reported[trial_id] = set(stored.intermediate_values)
+            if stored.state.is_finished():
+                self._finished.add(trial_id)
+        else:
+            seed = self.spec.sampler.seed
+            if seed is not None and self.spec.sampler.name != "qmc":
+                # A sampler per trial, seeded by (seed, trial): sampling does not depend on
+                # how many draws came before, so a resumed job draws the same configurations.
+                self.study.sampler = make_sampler(self.spec, seed=seed * 1_000_003 + trial_id)
+            trial = self.study.ask(self._distributions)
+            trial.set_user_attr(TRIAL_ATTR, trial_id)
+            params = trial.params
+        self._trials[trial_id] = trial
+        self.configs[trial_id] = dict(params)
+
+    def record(self, result: Result, note: dict[str, Any] | None = None) -> list[Decision]:
+        """Feed one finished segment to the scheduler and Optuna; returns the decisions.
+
+        ``note`` is journaled with the result, for the executor's own replay needs.
+        """
+        decisions = self._apply(result)
+        if self.journal is not None:
+            self.journal.append(
+                {
+                    "handed_out": [asdict(s) for s in self._handed_out],
+                    "result": asdict(result),
+                    "note": note,
+                }
+            )
+        self._handed_out = []
+        return decisions
+
+    def _apply(self, result: Result) -> list[Decision]:
         self.running -= 1
+        self._in_flight = {k: v for k, v in self._in_flight.items() if k[0] != result.trial}
         if not result.failed and not math.isfinite(result.loss):
             result = Result(result.trial, result.resource, result.loss, True, result.history)
-        trial = self._trials[result.trial]
-        for resource, loss in (*result.history, (result.resource, result.loss)):
-            step = round(resource)
-            if math.isfinite(loss) and step not in self._reported.setdefault(result.trial, set()):
-                self._reported[result.trial].add(step)
-                trial.report(self.spec.loss(loss), step)
+        if result.trial not in self._finished:
+            trial, done = self._trials[result.trial], self._reported.setdefault(result.trial, set())
+            for resource, loss in (*result.history, (result.resource, result.loss)):
+                step = round(resource)
+                if math.isfinite(loss) and step not in done:
+                    done.add(step)
+                    trial.report(self.spec.loss(loss), step)
         if not result.failed:
             self.reached[result.trial] = (result.resource, result.loss)
         decisions = self.scheduler.on_result(result)
         self._settle(decisions)
         return decisions
+
+    def replay(
+        self, records: list[dict[str, Any]]
+    ) -> Iterator[tuple[Result, dict[str, Any] | None, list[Decision]]]:
+        """Rebuild the state of a job from its journal, yielding what each record decided."""
+        for record in records:
+            for logged in record["handed_out"]:
+                job = self.next_segment()
+                expected = _segment(logged)
+                if job != expected:
+                    raise RuntimeError(
+                        f"replay diverged: scheduler handed out {job}, journal has {expected}"
+                    )
+            self._handed_out = []
+            result = _result(record["result"])
+            yield result, record["note"], self._apply(result)
+
+    def optuna_trial(self, trial_id: int) -> optuna.trial.Trial:
+        return self._trials[trial_id]
+
+    def in_flight(self) -> list[Segment]:
+        """Segments handed out without a result yet (after a replay: those to run again)."""
+        return list(self._in_flight.values())
 
     def finish(self) -> list[Decision]:
         """The job is over: stop whatever still waits, and close every Optuna trial."""
@@ -122,23 +219,22 @@ class TuningLoop:
     def _settle(self, decisions: list[Decision]) -> None:
         for decision in decisions:
             self.states[decision.trial] = decision.action
-            trial = self._trials[decision.trial]
             if decision.action is Action.COMPLETE:
-                self._tell(
-                    trial, TrialState.COMPLETE, self.spec.loss(self.reached[decision.trial][1])
-                )
+                value = self.spec.loss(self.reached[decision.trial][1])
+                self._tell(decision.trial, TrialState.COMPLETE, value)
             elif decision.action is Action.STOP:
-                self._tell(trial, TrialState.PRUNED)
+                self._tell(decision.trial, TrialState.PRUNED)
             elif decision.action is Action.FAIL:
-                self._tell(trial, TrialState.FAIL)
+                self._tell(decision.trial, TrialState.FAIL)
 
-    def _tell(
-        self, trial: optuna.trial.Trial, state: TrialState, value: float | None = None
-    ) -> None:
+    def _tell(self, trial_id: int, state: TrialState, value: float | None = None) -> None:
+        if trial_id in self._finished:  # told before a crash
+            return
+        self._finished.add(trial_id)
         # GridSampler stops the study from inside tell once the grid is exhausted; the
         # trial is stored all the same (STACK.md §5).
         with contextlib.suppress(RuntimeError):
-            self.study.tell(trial, value, state=state)
+            self.study.tell(self._trials[trial_id], value, state=state)
 
     def best(self) -> Best | None:
         """The best trial among those that reached the highest resource any trial reached."""
@@ -153,3 +249,33 @@ class TuningLoop:
     def idle(self) -> bool:
         """Nothing running; together with ``next_segment() is None`` the job is done."""
         return self.running == 0
+
+
+def _segment(data: dict[str, Any]) -> Segment:
+    return Segment(**data)
+
+
+def _result(data: dict[str, Any]) -> Result:
+    return Result(**{**data, "history": tuple(tuple(p) for p in data["history"])})
+
+
+class StudyJournal:
+    """A :class:`Journal` kept in the Optuna study's user attributes.
+
+    The study is the one store a job already writes at every result, reachable by any
+    driver that can reach its storage, and keyed by the job id; so the journal lives there.
+    """
+
+    PREFIX = "elastune.journal."
+
+    def __init__(self, study: optuna.Study):
+        self.study = study
+        self._count = len(self.records())
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.study.set_user_attr(f"{self.PREFIX}{self._count:07d}", record)
+        self._count += 1
+
+    def records(self) -> list[dict[str, Any]]:
+        attrs = self.study.user_attrs
+        return [attrs[k] for k in sorted(attrs) if k.startswith(self.PREFIX)]

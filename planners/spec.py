@@ -23,10 +23,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
+    PositiveFloat,
     ValidationError,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
 
 from planners.geometry import floor_log
@@ -50,12 +51,20 @@ class FloatParam(_Strict):
     log: bool = False
     step: float | None = Field(default=None, gt=0)
 
-    @model_validator(mode="after")
-    def _bounds(self) -> FloatParam:
-        _check_bounds(self.low, self.high, self.log)
-        if self.log and self.step is not None:
-            raise ValueError("log and step cannot be used together")
-        return self
+    @field_validator("high")
+    @classmethod
+    def _high(cls, high: float, info: ValidationInfo) -> float:
+        return _check_high(high, info)
+
+    @field_validator("log")
+    @classmethod
+    def _log(cls, log: bool, info: ValidationInfo) -> bool:
+        return _check_log(log, info)
+
+    @field_validator("step")
+    @classmethod
+    def _step(cls, step: float | None, info: ValidationInfo) -> float | None:
+        return _check_step(step is not None, step, info)
 
 
 class IntParam(_Strict):
@@ -65,12 +74,20 @@ class IntParam(_Strict):
     log: bool = False
     step: int = Field(default=1, ge=1)
 
-    @model_validator(mode="after")
-    def _bounds(self) -> IntParam:
-        _check_bounds(self.low, self.high, self.log)
-        if self.log and self.step != 1:
-            raise ValueError("log and step cannot be used together")
-        return self
+    @field_validator("high")
+    @classmethod
+    def _high(cls, high: int, info: ValidationInfo) -> int:
+        return _check_high(high, info)
+
+    @field_validator("log")
+    @classmethod
+    def _log(cls, log: bool, info: ValidationInfo) -> bool:
+        return _check_log(log, info)
+
+    @field_validator("step")
+    @classmethod
+    def _step(cls, step: int, info: ValidationInfo) -> int:
+        return _check_step(step != 1, step, info)
 
 
 class CategoricalParam(_Strict):
@@ -78,11 +95,28 @@ class CategoricalParam(_Strict):
     choices: list[str | int | float | bool] = Field(min_length=1)
 
 
-def _check_bounds(low: float, high: float, log: bool) -> None:
-    if low > high:
-        raise ValueError(f"low ({low}) must not exceed high ({high})")
-    if log and low <= 0:
-        raise ValueError(f"low must be > 0 on a log scale, got {low}")
+# Cross-field checks are field validators (fields validate in declaration order), so the
+# error's location names the offending field, e.g. ``space.lr.high``.
+
+
+def _check_high(high: float, info: ValidationInfo) -> float:
+    low = info.data.get("low")
+    if low is not None and low > high:
+        raise ValueError(f"high ({high}) must not be below low ({low})")
+    return high
+
+
+def _check_log(log: bool, info: ValidationInfo) -> bool:
+    low = info.data.get("low")
+    if log and low is not None and low <= 0:
+        raise ValueError(f"a log scale needs low > 0, got low = {low}")
+    return log
+
+
+def _check_step(has_step: bool, step: Any, info: ValidationInfo) -> Any:
+    if info.data.get("log") and has_step:
+        raise ValueError("log and step cannot be used together")
+    return step
 
 
 Param = Annotated[FloatParam | IntParam | CategoricalParam, Field(discriminator="type")]
@@ -111,14 +145,15 @@ class _Ladder(_Strict):
     min_resource: float = Field(default=1, gt=0)
     max_resource: float = Field(default=27, gt=0)
 
-    @model_validator(mode="after")
-    def _ladder(self) -> _Ladder:
-        if self.min_resource > self.max_resource:
+    @field_validator("max_resource")
+    @classmethod
+    def _ladder(cls, max_resource: float, info: ValidationInfo) -> float:
+        low = info.data.get("min_resource")
+        if low is not None and low > max_resource:
             raise ValueError(
-                f"min_resource ({self.min_resource}) must not exceed "
-                f"max_resource ({self.max_resource})"
+                f"max_resource ({max_resource}) must not be below min_resource ({low})"
             )
-        return self
+        return max_resource
 
 
 class ShaSpec(_Ladder):
@@ -127,15 +162,19 @@ class ShaSpec(_Ladder):
     name: Literal["sha"] = "sha"
     max_trials: int | None = Field(default=None, ge=1)
 
-    @model_validator(mode="after")
-    def _top_rung(self) -> ShaSpec:
-        promotions = floor_log(self.max_resource / self.min_resource, self.eta)
-        if self.max_trials is not None and self.max_trials < self.eta**promotions:
+    @field_validator("max_trials")
+    @classmethod
+    def _top_rung(cls, max_trials: int | None, info: ValidationInfo) -> int | None:
+        eta, low, high = (info.data.get(k) for k in ("eta", "min_resource", "max_resource"))
+        if max_trials is None or None in (eta, low, high):
+            return max_trials
+        promotions = floor_log(high / low, eta)
+        if max_trials < eta**promotions:
             raise ValueError(
-                f"max_trials must be at least eta**{promotions} = {self.eta**promotions} "
-                f"so that one trial reaches max_resource, got {self.max_trials}"
+                f"must be at least eta**{promotions} = {eta**promotions} "
+                f"so that one trial reaches max_resource, got {max_trials}"
             )
-        return self
+        return max_trials
 
 
 class HyperbandSpec(_Ladder):
@@ -256,17 +295,68 @@ class BudgetSpec(_Strict):
         return None if value is None else parse_duration(value)
 
 
+class EcsSpec(_Strict):
+    """Where an ``ecs`` work pool's EC2 capacity comes from (infra/README.md)."""
+
+    cluster: str = Field(min_length=1)
+    capacity_providers: list[str] | None = None
+    credentials: str | None = None  # a prefect-aws AwsCredentials block; else boto3's chain
+    region: str | None = None
+
+
 class ComputeSpec(_Strict):
     pool: str = "local"
     workers: int = Field(default=2, ge=1)
     instance_types: list[str] = Field(default_factory=list)
     max_gpus: int | None = Field(default=None, ge=1)
+    ecs: EcsSpec | None = None
 
 
 class TrackingSpec(_Strict):
     mlflow_uri: str = "sqlite:///.elastune/mlflow.db"
     experiment: str | None = None
     optuna_storage: str = "sqlite:///.elastune/optuna.db"
+
+
+class ProfileSpec(_Strict):
+    """Seconds per resource unit of one trial on ``g`` GPUs, for the cost planner.
+
+    Either a measured table (``seconds_per_unit: {1: 720, 2: 400, 4: 225}``) or the time
+    on one GPU plus a scaling model: an explicit speedup table ``speedup: {2: 1.8, 4: 3.2}``
+    (``S(g) = t(1)/t(g)``) or Amdahl's ``serial_fraction`` over ``gpus``. Counts below 1
+    are GPU shares (0.5: two trials per GPU).
+    """
+
+    seconds_per_unit: dict[PositiveFloat, PositiveFloat] = Field(min_length=1)
+    # Spread per resource unit, independent between units (a segment's sd grows as sqrt):
+    # absolute per count, or relative to the mean for counts not listed.
+    sd_per_unit: dict[PositiveFloat, NonNegativeFloat] = Field(default_factory=dict)
+    unit_cv: NonNegativeFloat = 0.0
+    # Spread of a whole segment relative to its mean (a slow node stays slow): stragglers.
+    segment_cv: NonNegativeFloat = 0.0
+    overhead_s: NonNegativeFloat = 0.0  # per segment: restore and save a checkpoint
+    speedup: dict[PositiveFloat, PositiveFloat] | None = None
+    serial_fraction: float | None = Field(default=None, ge=0, lt=1)
+    gpus: list[PositiveFloat] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1)
+    gpu: str | None = None  # GPU model the timings are for; None: any
+    speed: dict[str, PositiveFloat] = Field(default_factory=dict)  # other models vs ``gpu``
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ProfileSpec:
+        for g in self.sd_per_unit:
+            if g not in self.seconds_per_unit:
+                raise ValueError(f"sd_per_unit: {g:g} GPUs has no entry in seconds_per_unit")
+        if self.speedup is not None and self.serial_fraction is not None:
+            raise ValueError("give either speedup or serial_fraction, not both")
+        if (self.speedup is not None or self.serial_fraction is not None) and set(
+            self.seconds_per_unit
+        ) != {1.0}:
+            raise ValueError(
+                "seconds_per_unit: with a scaling model give the time on 1 GPU only, e.g. {1: 720}"
+            )
+        if self.speed and self.gpu is None:
+            raise ValueError("speed: name the GPU model the timings are for in profile.gpu")
+        return self
 
 
 # --- the job ------------------------------------------------------------------------------
@@ -283,6 +373,7 @@ class JobSpec(_Strict):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     compute: ComputeSpec = Field(default_factory=ComputeSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    profile: ProfileSpec | None = None
 
     @property
     def experiment(self) -> str:
@@ -320,8 +411,8 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
         node = child
     try:
         node[leaf] = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"--set {assignment}: value is not valid YAML ({exc})") from None
+    except yaml.YAMLError:
+        raise SpecError(f"--set {assignment}: value is not valid YAML") from None
 
 
 def parse_job(data: Any, source: str = "job") -> JobSpec:

@@ -1,0 +1,325 @@
+"""Benchmark of the cost planner (issue 4): RubberBand against brute force and static pools.
+
+For every scenario (job size, scaling, billing, instance types, tight or loose deadline)
+it prints and records:
+
+- the plan's mean cost over the brute-force optimum: every plan of the same plan space
+  (per stage: instance type, GPUs per trial, node count per wave count), priced by the
+  same simulator on the same draws, where the space is small enough to enumerate;
+- the static baselines' cost over the plan's (static-max: the GPU quota for the whole job;
+  static-min: the fewest nodes meeting the deadline, both on their cheapest type);
+- the deadline hit rate of the chosen plan under stragglers, simulated again with fresh
+  seeds and many samples;
+- the planning time of ``plan_job`` (planner, baselines and trace).
+
+A tight deadline is 1.25x the p95 JCT of the fastest plan on the job's types; a loose one
+is 4x. Run: ``python benchmarks/planner.py`` (a few minutes: the brute force); writes
+``benchmarks/results/planner.json``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from planners.cost import plan_job
+from planners.cost.billing import BillingRule
+from planners.cost.catalog import Catalog, read_catalog
+from planners.cost.job import job_profile
+from planners.cost.rubberband import RubberBand, chains_of
+from planners.cost.simulate import Simulator
+from planners.plan import compile_plan
+from planners.spec import JobSpec, parse_job
+
+SAMPLES = 200  # what plan_job uses
+FRESH_SAMPLES = 5000
+BRUTE_FORCE_LIMIT = 300_000  # plans
+SUBLINEAR = {2: 1.8, 4: 3.2, 8: 5.6}
+LINEAR = {2: 2.0, 4: 4.0, 8: 8.0}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    scheduler: dict[str, Any]
+    types: tuple[str, ...]
+    speedup: dict[int, float]
+    seconds: float  # per resource unit on one GPU
+    billing: str  # "second" or "hour"
+    deadline: str  # "tight" or "loose"
+    max_gpus: int
+    segment_cv: float = 0.05
+
+
+def sha(trials: int, top: int, eta: int = 3) -> dict[str, Any]:
+    return {"name": "sha", "eta": eta, "min_resource": 1, "max_resource": top, "max_trials": trials}
+
+
+def hyperband(top: int, eta: int = 3) -> dict[str, Any]:
+    return {"name": "hyperband", "eta": eta, "min_resource": 1, "max_resource": top}
+
+
+G5 = ("g5.xlarge", "g5.12xlarge")
+P3 = ("p3.2xlarge", "p3.8xlarge", "p3.16xlarge")
+SCENARIOS = (
+    [
+        Scenario("sha9-p38-sub", sha(9, 9), ("p3.8xlarge",), SUBLINEAR, 300, "second", d, 16)
+        for d in ("tight", "loose")
+    ]
+    + [
+        Scenario("sha9-g5-lin", sha(9, 9), G5, LINEAR, 300, "second", d, 16)
+        for d in ("tight", "loose")
+    ]
+    + [
+        Scenario("sha9-g5-sub-hourly", sha(9, 9), G5, SUBLINEAR, 300, "hour", d, 16)
+        for d in ("tight", "loose")
+    ]
+    + [
+        Scenario(
+            "sha8-eta2-p38-sub", sha(8, 4, eta=2), ("p3.8xlarge",), SUBLINEAR, 720, "second", d, 32
+        )
+        for d in ("tight", "loose")
+    ]
+    + [
+        Scenario("sha27-p3-sub", sha(27, 27), P3, SUBLINEAR, 120, "second", d, 64)
+        for d in ("tight", "loose")
+    ]
+    + [
+        Scenario("sha27-g5-lin", sha(27, 27), G5, LINEAR, 120, "second", d, 32)
+        for d in ("tight", "loose")
+    ]
+    + [
+        Scenario(
+            "sha27-p38-sub-hourly", sha(27, 27), ("p3.8xlarge",), SUBLINEAR, 120, "hour", d, 64
+        )
+        for d in ("tight", "loose")
+    ]
+    + [
+        Scenario("sha81-g5-sub", sha(81, 27), G5, SUBLINEAR, 60, "second", d, 128)
+        for d in ("tight", "loose")
+    ]
+    + [
+        Scenario("hb27-g5-sub", hyperband(27), G5, SUBLINEAR, 120, "second", d, 64)
+        for d in ("tight", "loose")
+    ]
+    + [
+        Scenario("hb81-p3-sub", hyperband(81), P3, SUBLINEAR, 60, "second", d, 128)
+        for d in ("tight", "loose")
+    ]
+    + [
+        Scenario("hb81-g5-lin-hourly", hyperband(81), G5, LINEAR, 60, "hour", d, 128)
+        for d in ("tight", "loose")
+    ]
+    + [
+        Scenario("sha27-g5-sub-noisy", sha(27, 27), G5, SUBLINEAR, 120, "second", d, 32, 0.15)
+        for d in ("tight", "loose")
+    ]
+)
+
+
+def catalog_for(billing: str) -> Catalog:
+    catalog = read_catalog()
+    if billing == "second":
+        return catalog
+    hourly = BillingRule(quantum_s=3600, min_charge_s=3600)
+    types = {
+        name: t.model_copy(update={"billing": hourly}) for name, t in catalog.instance_types.items()
+    }
+    return catalog.model_copy(update={"instance_types": types})
+
+
+def spec_for(scenario: Scenario, deadline: float | None) -> JobSpec:
+    return parse_job(
+        {
+            "name": scenario.name,
+            "trainable": "m:f",
+            "metric": "acc",
+            "space": {"x": {"type": "float", "low": 0, "high": 1}},
+            "scheduler": scenario.scheduler,
+            "budget": {"deadline": deadline} if deadline else {},
+            "compute": {"instance_types": list(scenario.types), "max_gpus": scenario.max_gpus},
+            "profile": {
+                "seconds_per_unit": {1: scenario.seconds},
+                "speedup": scenario.speedup,
+                "segment_cv": scenario.segment_cv,
+            },
+        }
+    )
+
+
+def fastest_p95(spec: JobSpec, catalog: Catalog) -> float:
+    simulator = Simulator(catalog, job_profile(spec), samples=SAMPLES)
+    planner = RubberBand(
+        simulator, list(spec.compute.instance_types), max_gpus=spec.compute.max_gpus
+    )
+    chains = chains_of(compile_plan(spec).stages)
+    caps = planner.usable(chains)
+    return min(simulator.run(planner.fastest(chains, catalog.get(name))).jct_q for name in caps)
+
+
+def brute_force(spec: JobSpec, catalog: Catalog, deadline: float) -> tuple[float | None, int]:
+    """The cheapest p95-feasible plan of the planner's plan space (one bracket only)."""
+    simulator = Simulator(catalog, job_profile(spec), samples=SAMPLES)
+    planner = RubberBand(
+        simulator,
+        list(spec.compute.instance_types),
+        deadline=deadline,
+        max_gpus=spec.compute.max_gpus,
+    )
+    chains = chains_of(compile_plan(spec).stages)
+    if len(chains) != 1:
+        return None, 0
+    caps = planner.usable(chains)
+    options = [planner.options(stage, 0, caps) for stage in chains[0]]
+    size = math.prod(len(o) for o in options)
+    if size > BRUTE_FORCE_LIMIT:
+        return None, size
+    best = math.inf
+    for chain in itertools.product(*options):  # lexicographic: shared prefixes are cached
+        run = simulator.chain(tuple(chain), keep=False)
+        if run.total_mean < best and float(np.quantile(run.end, simulator.quantile)) <= deadline:
+            best = run.total_mean
+    return best, size
+
+
+def run_scenario(scenario: Scenario) -> dict[str, Any]:
+    catalog = catalog_for(scenario.billing)
+    fastest = fastest_p95(spec_for(scenario, None), catalog)
+    deadline = math.ceil(fastest * (1.25 if scenario.deadline == "tight" else 4.0))
+    spec = spec_for(scenario, deadline)
+
+    started = time.perf_counter()
+    report = plan_job(spec, catalog=catalog)
+    seconds = time.perf_counter() - started
+
+    cost = report.outcome.cost_mean
+    optimum, space = brute_force(spec, catalog, deadline)
+    fresh = Simulator(catalog, job_profile(spec), samples=FRESH_SAMPLES, seed=20_240_601)
+    again = fresh.run(report.plan)
+    static_max, static_min = report.baselines
+    return {
+        "scenario": f"{scenario.name}-{scenario.deadline}",
+        "scheduler": scenario.scheduler["name"],
+        "trials": sum(a.trials for a in report.allocations if a.rung == 0),
+        "stages": len(report.allocations),
+        "instance_types": list(scenario.types),
+        "scaling": "linear" if scenario.speedup == LINEAR else "sublinear",
+        "billing": scenario.billing,
+        "deadline": scenario.deadline,
+        "deadline_s": deadline,
+        "feasible": report.feasible,
+        "plan_cost_usd": round(cost, 4),
+        "plan_jct_p95_s": round(report.outcome.jct_q, 1),
+        "optimum_cost_usd": None if optimum is None else round(optimum, 4),
+        "plan_space": space,
+        "cost_over_optimum": None if optimum is None else round(cost / optimum, 4),
+        "static_max_over_plan": _ratio(static_max, cost),
+        "static_min_over_plan": _ratio(static_min, cost),
+        "deadline_hit_rate": round(float(np.mean(again.jct <= deadline)), 4),
+        "planning_s": round(seconds, 3),
+    }
+
+
+def _ratio(baseline: Any, cost: float) -> float | None:
+    return None if baseline.outcome is None else round(baseline.outcome.cost_mean / cost, 3)
+
+
+def main() -> None:
+    rows = []
+    header = (
+        f"{'scenario':32} {'cost $':>9} {'/opt':>6} {'space':>7} {'max/plan':>8} "
+        f"{'min/plan':>8} {'hit':>6} {'plan s':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for scenario in SCENARIOS:
+        row = run_scenario(scenario)
+        rows.append(row)
+        opt = "n/a" if row["cost_over_optimum"] is None else f"{row['cost_over_optimum']:.3f}"
+        print(
+            f"{row['scenario']:32} {row['plan_cost_usd']:9.2f} {opt:>6} {row['plan_space']:7d} "
+            f"{row['static_max_over_plan'] or float('nan'):8.2f} "
+            f"{row['static_min_over_plan'] or float('nan'):8.2f} "
+            f"{row['deadline_hit_rate']:6.1%} {row['planning_s']:6.2f}"
+        )
+
+    ratios = [r["cost_over_optimum"] for r in rows if r["cost_over_optimum"] is not None]
+    tight = [r["static_max_over_plan"] for r in rows if r["deadline"] == "tight"]
+    tight_hourly = [
+        r["static_max_over_plan"]
+        for r in rows
+        if r["deadline"] == "tight" and r["billing"] == "hour"
+    ]
+    tight_second = [
+        r["static_max_over_plan"]
+        for r in rows
+        if r["deadline"] == "tight" and r["billing"] == "second"
+    ]
+    summary = {
+        "scenarios": len(rows),
+        "optimum_computed": len(ratios),
+        "worst_cost_over_optimum": max(ratios),
+        "mean_cost_over_optimum": round(float(np.mean(ratios)), 4),
+        "within_5pct_of_optimum": sum(r <= 1.05 for r in ratios),
+        "mean_static_max_over_plan_tight": round(float(np.mean(tight)), 3),
+        "mean_static_max_over_plan_tight_per_second": round(float(np.mean(tight_second)), 3),
+        "mean_static_max_over_plan_tight_hourly": round(float(np.mean(tight_hourly)), 3),
+        "mean_static_min_over_plan": round(
+            float(np.mean([r["static_min_over_plan"] for r in rows if r["static_min_over_plan"]])),
+            3,
+        ),
+        "min_deadline_hit_rate": min(r["deadline_hit_rate"] for r in rows),
+        "hit_rate_at_least_95pct": sum(r["deadline_hit_rate"] >= 0.95 for r in rows),
+        "max_planning_s": max(r["planning_s"] for r in rows),
+        "all_feasible": all(r["feasible"] for r in rows),
+    }
+    targets = {
+        "cost_over_optimum <= 1.05": summary["worst_cost_over_optimum"] <= 1.05,
+        "static_max / plan >= 1.5 at tight deadlines (mean)": (
+            summary["mean_static_max_over_plan_tight"] >= 1.5
+        ),
+        "deadline hit >= 95%": summary["min_deadline_hit_rate"] >= 0.95,
+        "planning <= 2 s": summary["max_planning_s"] <= 2.0,
+    }
+    print()
+    for key, value in summary.items():
+        print(f"{key:48} {value}")
+    print()
+    for key, met in targets.items():
+        print(f"{'MET   ' if met else 'MISSED'} {key}")
+
+    out = Path(__file__).parent / "results" / "planner.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "cost planner (issue 4)",
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+                "samples": SAMPLES,
+                "fresh_samples": FRESH_SAMPLES,
+                "catalog_prices_read": read_catalog().prices_read,
+                "summary": summary,
+                "targets": targets,
+                "scenarios": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""A small CNN on scikit-learn's digits (ships with the package: no download).
+
+Resource = epochs. Shuffling is seeded per (trial, epoch), so a trial resumed from its
+checkpoint trains exactly as one that never stopped.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from sklearn.datasets import load_digits
+from torch import nn
+
+from tasks.context import TrialContext
+
+
+@lru_cache(maxsize=1)
+def data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A fixed 80/20 split of the 1797 8x8 images, pixels scaled to [0, 1]."""
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    x, y = x[order], y[order]
+    cut = int(0.8 * len(y))
+    return x[:cut], y[:cut], x[cut:], y[cut:]
+
+
+class Net(nn.Module):
+    def __init__(self, width: int, dropout: float = 0.0):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(width, width, 3, padding=1),
+            nn.ReLU(),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(16 * width, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def train(config: dict, ctx: TrialContext) -> None:
+    torch.manual_seed(ctx.trial)
+    x_train, y_train, x_val, y_val = data()
+    model = Net(int(config["width"]), float(config.get("dropout", 0.0))).to(ctx.device)
+    if config.get("optimizer", "adam") == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
+    batch = int(config.get("batch_size", 64))
+    loss_fn = nn.CrossEntropyLoss()
+
+    start = ctx.restore(model=model, optimizer=optimizer)
+    for epoch in ctx.range(start):
+        model.train()
+        shuffle = torch.Generator().manual_seed(1000 * ctx.trial + epoch)
+        order = torch.randperm(len(y_train), generator=shuffle)
+        for i in range(0, len(order), batch):
+            idx = order[i : i + batch]
+            optimizer.zero_grad()
+            loss = loss_fn(model(x_train[idx]), y_train[idx])
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            logits = model(x_val)
+            val_loss = loss_fn(logits, y_val).item()
+            accuracy = (logits.argmax(1) == y_val).float().mean().item()
+        ctx.report(val_accuracy=accuracy, val_loss=val_loss, train_loss=loss.item())
+        ctx.checkpoint(model=model, optimizer=optimizer)

@@ -1,0 +1,154 @@
+"""The ``elastune`` command line (ARCHITECTURE.md §4).
+
+Exit codes: 0 done, 1 the job failed, 2 bad input (one line on stderr naming the field or
+file; nothing is created in MLflow or Optuna). ``--json`` prints one JSON object on stdout
+and nothing else there; logs and progress go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from infra.sizing import InfraError
+from planners.spec import JobSpec, SpecError, load_job
+
+BAD_INPUT, FAILED = 2, 1
+
+
+class UsageError(SpecError):
+    """A command-line mistake."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own exit code 2, one line
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _quiet_defaults() -> None:
+    # Prefect reads its settings at import: set quiet defaults first, users may override.
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+    # Checkpoint downloads would each draw a progress bar over ours.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    # Trainables are referenced as module:function relative to where the user runs.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+
+
+def _emit(payload: dict[str, Any], as_json: bool, human: Callable[[dict[str, Any]], None]) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(payload, default=str) + "\n")
+    else:
+        human(payload)
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    overrides = list(getattr(args, "set", None) or ())
+    if getattr(args, "pool", None):
+        overrides.append(f"compute.pool={args.pool}")
+    return overrides
+
+
+def _load(args: argparse.Namespace) -> JobSpec:
+    return load_job(args.job, _overrides(args))
+
+
+# --- run ----------------------------------------------------------------------------------
+
+
+def _print_run(summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    best = summary["best"]
+    table = Table(title=f"job {summary['job_id']}", show_header=False)
+    table.add_row("best trial", "-" if best is None else str(best["trial"]))
+    table.add_row("best metric", "-" if best is None else f"{best['metric']:.4f}")
+    table.add_row("best config", "-" if best is None else json.dumps(best["config"]))
+    for key in ("trials", "segments", "wall_seconds", "mlflow_run_id", "optuna_storage"):
+        table.add_row(key.replace("_", " "), str(summary[key]))
+    Console().print(table)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = _load(args)
+    from tasks.train import load_trainable
+
+    load_trainable(spec.trainable)  # import errors are bad input: fail before creating anything
+    from flows.tune import new_job_id, tune
+
+    job_id = new_job_id(spec.name)
+    print(f"job {job_id}", file=sys.stderr, flush=True)
+    return _finish(job_id, lambda: tune(args.job, _overrides(args), job_id), args.json)
+
+
+def _finish(job_id: str, run: Callable[[], dict[str, Any]], as_json: bool) -> int:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        summary = run()
+    except (SpecError, InfraError):
+        raise
+    except Exception as exc:
+        print(f"job {job_id} failed: {exc}", file=sys.stderr)
+        return FAILED
+    _emit(summary, as_json, _print_run)
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from flows.tune import resume
+
+    print(f"job {args.job_id}", file=sys.stderr, flush=True)
+    return _finish(args.job_id, lambda: resume(args.job_id, args.storage), args.json)
+
+
+# --- parser -------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="elastune", description="Elastic, cost-aware hyperparameter tuning.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = commands.add_parser("run", help="run a tuning job")
+    run.add_argument("job", help="job file (YAML)")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    run.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
+    run.add_argument("--pool", help="run segments on this Prefect work pool (compute.pool)")
+    run.set_defaults(handler=cmd_run)
+
+    again = commands.add_parser("resume", help="continue a job whose driver died")
+    again.add_argument("job_id", help="the id printed as `job <ID>`")
+    again.add_argument(
+        "--storage",
+        default="sqlite:///.elastune/optuna.db",
+        help="the job's Optuna storage (tracking.optuna_storage)",
+    )
+    again.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
+    again.set_defaults(handler=cmd_resume)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _quiet_defaults()
+    try:
+        args = build_parser().parse_args(argv)
+        return args.handler(args)
+    except (SpecError, InfraError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

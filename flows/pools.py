@@ -1,0 +1,128 @@
+"""Work-pool mode: each segment runs as a flow run of the pool's ``train-segment`` deployment,
+and the pool is sized stage by stage through an infra backend."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowFilter, WorkPoolFilter
+from prefect.deployments import run_deployment
+
+from flows.segment import FLOW_NAME, flow_parameters, train_segment_flow
+from infra.backends import make_backend
+from infra.pools import read_pool, wait_for_worker
+from infra.sizing import InfraError, PoolBackend
+from infra.template import gpu_job_variables
+from planners.schedulers.base import Result, Segment
+from planners.spec import JobSpec, SpecError
+from tasks.tracking import Tracker
+from tasks.train import JobRef, SegmentReport, report_name
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER_TIMEOUT = 30.0  # seconds to wait for a worker polling the pool before giving up
+
+
+class WorkerLost(RuntimeError):
+    """The segment's flow run ended without a report: the worker or its instance died."""
+
+
+@dataclass(frozen=True)
+class PoolTarget:
+    """The pool a job's segments go to: its deployment, GPU variables and sizing backend."""
+
+    pool: str
+    deployment: UUID
+    gpu_variables: bool
+    backend: PoolBackend
+
+    def job_variables(self, gpus_per_trial: float, instance_type: str | None) -> dict[str, str]:
+        return gpu_job_variables(gpus_per_trial, instance_type) if self.gpu_variables else {}
+
+
+def open_pool(spec: JobSpec) -> PoolTarget:
+    """Check the pool, wait for a worker and find (or register) its ``train-segment``
+    deployment. Every mistake surfaces here, before anything is created."""
+    pool = spec.compute.pool
+    work_pool = read_pool(pool)
+    if work_pool.type not in ("process", "ecs"):
+        raise InfraError(
+            f"compute.pool: pool {pool!r} has type {work_pool.type!r}; "
+            "elastune drives process and ecs pools"
+        )
+    if work_pool.type == "ecs":
+        if spec.compute.ecs is None:
+            raise SpecError(f"compute.ecs: pool {pool!r} is an ecs pool; name its cluster")
+        backend = make_backend("ecs", pool, **spec.compute.ecs.model_dump())
+    else:
+        backend = make_backend("local", pool)
+    backend.check()
+    wait_for_worker(pool, WORKER_TIMEOUT)
+    variables = set(work_pool.base_job_template.get("variables", {}).get("properties", {}))
+    return PoolTarget(
+        pool, segment_deployment(pool, work_pool.type), "gpu_count" in variables, backend
+    )
+
+
+def segment_deployment(pool: str, pool_type: str) -> UUID:
+    """The pool's ``train-segment`` deployment. A process pool on this machine gets one
+    registered from the project's source; any other pool must have one deployed."""
+    with get_client(sync_client=True) as client:
+        found = client.read_deployments(
+            flow_filter=FlowFilter(name={"any_": [FLOW_NAME]}),
+            work_pool_filter=WorkPoolFilter(name={"any_": [pool]}),
+        )
+    if found:
+        return found[0].id
+    if pool_type != "process":
+        raise InfraError(
+            f"compute.pool: no {FLOW_NAME} deployment on {pool_type} pool {pool!r}; "
+            "deploy one with `prefect deploy --all` (see prefect.yaml)"
+        )
+    source = train_segment_flow.from_source(str(ROOT), "flows/segment.py:train_segment_flow")
+    # deploy() prints a table on stdout, which belongs to --json alone.
+    with contextlib.redirect_stdout(sys.stderr):
+        return source.deploy(
+            name=pool, work_pool_name=pool, print_next_steps=False, ignore_warnings=True
+        )
+
+
+@task(
+    name="launch-segment",
+    task_run_name="trial-{segment.trial} {segment.start:g}→{segment.stop:g}",
+    cache_policy=NO_CACHE,
+    retries=2,  # a lost worker is retried; the new run resumes from the last checkpoint
+    retry_delay_seconds=1,
+)
+def launch_segment(
+    deployment: UUID,
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    job_variables: dict[str, Any],
+) -> SegmentReport:
+    run = run_deployment(
+        deployment,
+        parameters=flow_parameters(job, segment, config, run_id),
+        job_variables=job_variables,
+        poll_interval=1,
+    )
+    report = Tracker(job.mlflow_uri, job.experiment).load_report(run_id, report_name(segment))
+    if report is None:
+        raise WorkerLost(f"flow run {run.name} ended {run.state_name} without a report")
+    return SegmentReport.from_dict(report)
+
+
+def lost(segment: Segment, error: BaseException) -> SegmentReport:
+    """A segment whose every attempt lost its worker: the trial fails, the job goes on."""
+    result = Result(segment.trial, segment.start, math.inf, failed=True)
+    return SegmentReport(result, (), f"worker lost: {error}")

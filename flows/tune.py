@@ -1,0 +1,403 @@
+"""The tune flow: drive the job's scheduler against real Prefect task runs.
+
+One loop serves every scheduler. While workers are free it submits the segments the
+scheduler hands out; as each finishes (in completion order) it records the result, which
+may promote, pause or stop trials. A synchronous scheduler (SHA, Hyperband) hands out
+nothing at a rung's barrier, so the same loop walks its plan stage by stage; an
+asynchronous one (ASHA) keeps every worker busy.
+
+Every result is journaled in the Optuna study as it happens, so ``resume`` rebuilds a job
+whose driver died and carries on, re-running no finished segment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import mlflow
+import optuna
+import torch
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.futures import PrefectFuture, as_completed
+from prefect.states import Failed
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows.pools import PoolTarget, WorkerLost, launch_segment, lost, open_pool
+from flows.progress import JobProgress
+from infra.sizing import InfraError, publish_sizing
+from planners.loop import StudyJournal, TuningLoop
+from planners.plan import Plan, compile_plan
+from planners.schedulers.base import Action, Decision, Segment, rank_key
+from planners.space import make_sampler
+from planners.spec import JobSpec, SpecError, load_job, parse_job
+from tasks.context import TrialContext
+from tasks.tracking import Tracker, flatten, local_uri
+from tasks.train import JobRef, SegmentReport, load_trainable, report_name, train_segment
+
+# Where a job keeps what resume needs: the spec and parent run on the study, each trial's
+# MLflow run on its Optuna trial.
+SPEC_ATTR, RUN_ATTR = "elastune.spec", "mlflow_run_id"
+
+
+class MetricNotReported(SpecError):
+    """The trainable finished a segment without ever reporting the job's metric."""
+
+
+def new_job_id(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}".lower()
+
+
+def artifact_key(job_id: str, what: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{job_id}-{what}".lower())
+
+
+class Job:
+    """The state of one job: its study, scheduler loop, MLflow runs, pool and progress."""
+
+    def __init__(
+        self, spec: JobSpec, job_id: str, study: optuna.Study, tracker: Tracker, parent: str
+    ):
+        self.spec = spec
+        self.job_id = job_id
+        self.study = study
+        self.parent = parent
+        self.began = time.monotonic()
+        self.tracker = tracker
+        self.storage = local_uri(spec.tracking.optuna_storage)
+        self.loop = TuningLoop(spec, study, journal=StudyJournal(study))
+        self.plan: Plan = compile_plan(spec)
+        self.ref = JobRef.of(spec, job_id, self.tracker.uri)
+        self.pool: PoolTarget | None = None
+        self.runs = {
+            t.user_attrs["elastune.trial"]: t.user_attrs[RUN_ATTR]
+            for t in study.get_trials(deepcopy=False)
+            if RUN_ATTR in t.user_attrs
+        }
+        self.rungs: dict[int, int] = {}
+        self.errors: dict[int, str] = {}
+        self.segments = 0
+        self._stage_results: dict[tuple[int, int], int] = {}
+        self._active: set[tuple[int, int]] = set()
+        self._slots = -1
+        self._metric_seen = False
+
+    @classmethod
+    def create(cls, spec: JobSpec, job_id: str, pool: PoolTarget | None) -> Job:
+        tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
+        study = optuna.create_study(
+            study_name=job_id,
+            storage=local_uri(spec.tracking.optuna_storage),
+            direction="maximize" if spec.mode == "max" else "minimize",
+            sampler=make_sampler(spec),
+        )
+        parent = tracker.start_job(
+            job_id,
+            flatten(spec.model_dump(mode="json")),
+            {"elastune.scheduler": spec.scheduler.name, "elastune.sampler": spec.sampler.name},
+        )
+        study.set_user_attr(SPEC_ATTR, spec.model_dump(mode="json"))
+        study.set_user_attr(RUN_ATTR, parent)
+        job = cls(spec, job_id, study, tracker, parent)
+        job.pool = pool
+        return job
+
+    @classmethod
+    def resume(cls, job_id: str, storage: str) -> Job:
+        """Rebuild a job from its study: replay the journal, then carry on."""
+        try:
+            study = optuna.load_study(study_name=job_id, storage=local_uri(storage))
+        except KeyError:
+            raise SpecError(f"job id: no job {job_id!r} in {storage}") from None
+        if SPEC_ATTR not in study.user_attrs:
+            raise SpecError(f"job id: study {job_id!r} was not made by elastune")
+        spec = parse_job(study.user_attrs[SPEC_ATTR], f"job {job_id}")
+        tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
+        job = cls(spec, job_id, study, tracker, study.user_attrs[RUN_ATTR])
+        job.pool = None if spec.compute.pool == "local" else open_pool(spec)
+        for result, note, decisions in job.loop.replay(StudyJournal(study).records()):
+            job._account(result.trial, note or {}, decisions)
+        return job
+
+    # --- one segment ---------------------------------------------------------------------
+
+    def submit(self, segment: Segment) -> PrefectFuture[SegmentReport]:
+        if segment.trial not in self.runs:
+            config = self.loop.configs[segment.trial]
+            run_id = self.tracker.start_trial(self.job_id, self.parent, segment.trial, config)
+            self.runs[segment.trial] = run_id
+            self.loop.optuna_trial(segment.trial).set_user_attr(RUN_ATTR, run_id)
+        run_id = self.runs[segment.trial]
+        if segment.clone_from is not None:
+            self.tracker.copy_checkpoint(self.runs[segment.clone_from], run_id)
+        config = self.loop.configs[segment.trial]
+        if self.pool is None:
+            return train_segment.submit(self.ref, segment, config, run_id)
+        stage = self.plan.stage(segment.bracket, segment.rung)
+        variables = self.pool.job_variables(stage.gpus_per_trial, None)
+        return launch_segment.submit(
+            self.pool.deployment, self.ref, segment, config, run_id, variables
+        )
+
+    def record(self, segment: Segment, report: SegmentReport) -> list[Decision]:
+        if self.spec.metric in report.metrics_seen:
+            self._metric_seen = True
+        elif report.error is None and not self._metric_seen:
+            seen = ", ".join(report.metrics_seen) or "nothing"
+            raise MetricNotReported(
+                f"metric: {self.spec.trainable} never reported {self.spec.metric!r} "
+                f"(it reported: {seen})"
+            )
+        note = {
+            "metrics_seen": list(report.metrics_seen),
+            "error": report.error,
+            "rung": segment.rung,
+            "bracket": segment.bracket,
+        }
+        decisions = self.loop.record(report.result, note)
+        self._account(segment.trial, note, decisions)
+        return decisions
+
+    def _account(self, trial: int, note: dict[str, Any], decisions: list[Decision]) -> None:
+        """Bookkeeping shared by live results and replayed ones."""
+        self.segments += 1
+        if note.get("error"):
+            self.errors[trial] = note["error"]
+        if self.spec.metric in note.get("metrics_seen", ()):
+            self._metric_seen = True
+        self.rungs[trial] = note.get("rung", 0)
+        key = (note.get("bracket", 0), note.get("rung", 0))
+        self._stage_results[key] = self._stage_results.get(key, 0) + 1
+        for decision in decisions:
+            self._track(decision)
+
+    def _track(self, decision: Decision) -> None:
+        run_id = self.runs[decision.trial]
+        tags: dict[str, Any] = {"elastune.status": decision.action.value}
+        if decision.rung >= 0:
+            tags["elastune.rung"] = decision.rung
+        if decision.action is Action.FAIL:
+            tags["elastune.error"] = self.errors.get(decision.trial, "")[:5000]
+        self.tracker.set_tags(run_id, tags)
+        if decision.action in (Action.STOP, Action.COMPLETE):
+            self.tracker.end_run(run_id)
+        elif decision.action is Action.FAIL:
+            self.tracker.end_run(run_id, "FAILED")
+
+    def stage_done(self, segment: Segment) -> bool:
+        key = (segment.bracket, segment.rung)
+        done = self._stage_results.get(key, 0) == self.plan.stage(*key).trials
+        if done:
+            self._active.discard(key)
+        return done
+
+    # --- the pool ------------------------------------------------------------------------
+
+    def size_pool(self, starting: list[Segment]) -> None:
+        """Before segments of a new stage start, size the pool for the stages now active:
+        their segments, at most ``compute.workers`` at once."""
+        if self.pool is None:
+            return
+        self._active |= {(s.bracket, s.rung) for s in starting}
+        stages = [self.plan.stage(*key) for key in sorted(self._active)]
+        slots = min(self.spec.compute.workers, sum(s.trials for s in stages))
+        if slots != self._slots:
+            name = "+".join(s.name for s in stages)
+            gpus = max(s.gpus_per_trial for s in stages)
+            self.pool.backend.size(name, slots, gpus_per_trial=gpus)
+            self.pool.backend.wait_ready(timeout=600)
+            self._slots = slots
+
+    # --- reports -------------------------------------------------------------------------
+
+    def leaderboard(self) -> list[dict[str, Any]]:
+        """Trials ranked by resource reached, then by loss at it."""
+
+        def reached(trial: int) -> tuple[float, float]:
+            return self.loop.reached.get(trial, (0, math.nan))
+
+        rows = []
+        ordered = sorted(self.loop.configs, key=lambda t: (-reached(t)[0], rank_key(reached(t)[1])))
+        for trial in ordered:
+            resource, loss = reached(trial)
+            rows.append(
+                {
+                    "trial": trial,
+                    "status": self.loop.states.get(trial, Action.PAUSE).value,
+                    "rung": self.rungs.get(trial, 0),
+                    "resource": resource,
+                    self.spec.metric: self.spec.loss(loss) if math.isfinite(loss) else None,
+                    **self.loop.configs[trial],
+                }
+            )
+        return rows
+
+    def best_metric(self) -> float | None:
+        best = self.loop.best()
+        return None if best is None else best.metric
+
+    def finish(self) -> dict[str, Any]:
+        for decision in self.loop.finish():
+            self._track(decision)
+        best = self.loop.best()
+        if best is not None:
+            run_id = self.runs[best.trial]
+            self.tracker.set_tags(run_id, {"elastune.best": "true"})
+            self.tracker.set_tags(self.parent, {"elastune.best_trial": best.trial})
+            self.tracker.log_metrics(self.parent, {f"best_{self.spec.metric}": best.metric}, 0)
+            register_best(self.spec, self.ref, best.trial, best.config, run_id)
+        self.tracker.end_run(self.parent)
+        return {
+            "job_id": self.job_id,
+            "best": None
+            if best is None
+            else {"trial": best.trial, "config": best.config, "metric": best.metric},
+            "trials": len(self.loop.configs),
+            "segments": self.segments,
+            "wall_seconds": round(time.monotonic() - self.began, 3),
+            "mlflow_run_id": self.parent,
+            "optuna_storage": self.storage,
+        }
+
+    def abort(self, bad_input: bool) -> None:
+        """A failed job keeps what it finished; bad input leaves nothing behind."""
+        if bad_input:
+            self.tracker.purge([self.parent, *self.runs.values()])
+            optuna.delete_study(study_name=self.job_id, storage=self.storage)
+        else:
+            for run_id in (*self.runs.values(), self.parent):
+                self.tracker.end_run(run_id, "FAILED")
+
+
+def register_best(
+    spec: JobSpec, ref: JobRef, trial: int, config: dict[str, Any], run_id: str
+) -> None:
+    """Rebuild the best trial's model from its last checkpoint and register it.
+
+    The trainable is called once more with nothing left to train: it builds its model and
+    restores the checkpoint, and the object it passes as ``model=`` is logged.
+    """
+    tracker = Tracker(ref.mlflow_uri, ref.experiment)
+    ctx = TrialContext(
+        trial=trial, start=0, stop=0, max_resource=ref.max_resource, run_id=run_id, tracker=tracker
+    )
+    load_trainable(spec.trainable)(dict(config), ctx)
+    model = ctx.objects.get("model")
+    if not isinstance(model, torch.nn.Module):
+        get_run_logger().warning("trainable passes no model= to ctx.restore; nothing registered")
+        return
+    mlflow.set_tracking_uri(tracker.uri)
+    with mlflow.start_run(run_id=run_id):
+        mlflow.pytorch.log_model(
+            model,
+            name="model",
+            serialization_format="pickle",
+            registered_model_name=spec.name,
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+        )
+
+
+@flow(name="tune", task_runner=ThreadPoolTaskRunner(max_workers=64))
+def tune(
+    job_file: str, overrides: list[str] | None = None, job_id: str | None = None
+) -> dict[str, Any]:
+    """Run the tuning job described by ``job_file`` and return its summary."""
+    with bad_input_fails_the_run() as outcome:
+        spec = load_job(job_file, overrides or ())
+        load_trainable(spec.trainable)
+        pool = None if spec.compute.pool == "local" else open_pool(spec)
+        outcome.value = drive(Job.create(spec, job_id or new_job_id(spec.name), pool))
+    return outcome.value
+
+
+@flow(name="resume", task_runner=ThreadPoolTaskRunner(max_workers=64))
+def resume(job_id: str, storage: str = "sqlite:///.elastune/optuna.db") -> dict[str, Any]:
+    """Continue a job whose driver died, losing nothing finished."""
+    with bad_input_fails_the_run() as outcome:
+        outcome.value = drive(Job.resume(job_id, storage))
+    return outcome.value
+
+
+class _Outcome:
+    value: Any = None
+
+
+@contextlib.contextmanager
+def bad_input_fails_the_run() -> Iterator[_Outcome]:
+    """Bad input fails the flow run with its one-line message: no traceback in the logs.
+    The caller of the flow still gets the exception."""
+    outcome = _Outcome()
+    try:
+        yield outcome
+    except (SpecError, InfraError) as exc:
+        outcome.value = Failed(message=str(exc), data=exc)
+
+
+def drive(job: Job) -> dict[str, Any]:
+    """Run a job's segments until its scheduler has nothing left; returns the summary."""
+    spec, job_id = job.spec, job.job_id
+    load_trainable(spec.trainable)
+    # Threads share the cores: give each worker its slice instead of oversubscribing.
+    torch.set_num_threads(max(1, torch.get_num_threads() // spec.compute.workers))
+    create_markdown_artifact(
+        key=artifact_key(job_id, "plan"),
+        markdown=f"# Plan of {job_id}\n\n{job.plan.to_markdown()}\n\n"
+        f"{job.plan.trials} trials, {job.plan.segments} segments, "
+        f"{spec.compute.workers} workers.",
+        description=f"staged plan of {job_id}",
+    )
+    running: dict[PrefectFuture[SegmentReport], Segment] = {}
+    # Segments in flight when a driver died: finished ones have their report in MLflow.
+    pending = job.loop.in_flight()
+    for segment in list(pending):
+        saved = job.tracker.load_report(job.runs[segment.trial], report_name(segment))
+        if saved is not None:
+            pending.remove(segment)
+            job.record(segment, SegmentReport.from_dict(saved))
+    pool = job.pool.backend if job.pool is not None else contextlib.nullcontext()
+    try:
+        with pool, JobProgress(spec.metric, job.plan.segments) as progress:
+            while True:
+                starting = pending[: spec.compute.workers - len(running)]
+                pending = pending[len(starting) :]
+                while len(running) + len(starting) < spec.compute.workers:
+                    segment = job.loop.next_segment()
+                    if segment is None:
+                        break
+                    starting.append(segment)
+                job.size_pool(starting)
+                for segment in starting:
+                    running[job.submit(segment)] = segment
+                if not running:
+                    break
+                future = next(as_completed(list(running)))
+                segment = running.pop(future)
+                try:
+                    report = future.result()
+                except WorkerLost as exc:
+                    report = lost(segment, exc)
+                job.record(segment, report)
+                stage = f"stage b{segment.bracket}-r{segment.rung}"
+                progress.update(stage, job.best_metric())
+                if job.stage_done(segment):
+                    create_table_artifact(
+                        key=artifact_key(job_id, "leaderboard"),
+                        table=job.leaderboard(),
+                        description=f"leaderboard after {stage} of {job_id}",
+                    )
+        return job.finish()
+    except BaseException as exc:
+        for future in running:
+            future.wait()
+        job.abort(bad_input=isinstance(exc, SpecError))
+        raise
+    finally:
+        if job.pool is not None:
+            publish_sizing(job.pool.backend.records, key=artifact_key(job_id, "pool-sizing"))

@@ -1,0 +1,263 @@
+"""The plan as a Gantt chart: instances over time, the trials on them, spend and deadline.
+
+One row per instance (grouped by bracket, labelled with its type); within a row each
+trial's segment is a box as tall as its share of the node's GPUs, coloured by stage. The
+hatched part of a row is the startup and queueing the instance is billed for before it is
+ready. Below, the money spent so far and the GPUs held. Times are the plan played once
+with mean times (the nominal trace); the title gives the Monte Carlo p50/p95.
+
+This module imports matplotlib (Agg backend), so ``planners.cost`` does not.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> from planners.spec import parse_job
+    >>> from planners.cost import plan_job
+    >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
+    ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
+    ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9},
+    ...     "budget": {"deadline": "1h"}, "compute": {"instance_types": ["g5.12xlarge"]},
+    ...     "profile": {"seconds_per_unit": {1: 120}, "speedup": {2: 1.8, 4: 3.2}}})
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "plan.png"
+    >>> draw_gantt(plan_job(spec), path) == path and path.stat().st_size > 10_000
+    True
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.patches import Patch, Rectangle
+
+from planners.cost.report import PlanReport, format_duration
+
+_PAD = 0.08  # vertical gap between instance rows, in row heights
+
+
+def _scale(seconds: float) -> tuple[float, str]:
+    """Divisor and unit for the time axis."""
+    return (3600.0, "hours") if seconds > 3 * 3600 else (60.0, "minutes")
+
+
+def draw_gantt(report: PlanReport, path: str | Path) -> Path:
+    """Draw ``report``'s plan to a PNG at ``path`` and return the path."""
+    trace = report.trace
+    if trace is None:
+        raise ValueError("the report has no trace to draw")
+    path = Path(path)
+    nodes = sorted(trace.nodes, key=lambda n: (n.bracket, n.requested, n.node))
+    row = {n.node: i for i, n in enumerate(nodes)}
+    horizon = max(trace.jct, report.deadline_s or 0.0, float(report.outcome.jct_q))
+    unit, unit_name = _scale(horizon)
+
+    stages = sorted({(s.bracket, s.rung) for s in trace.segments})
+    palette = plt.get_cmap("tab20" if len(stages) > 10 else "tab10")
+    colour = {stage: palette(i % palette.N) for i, stage in enumerate(stages)}
+
+    height = min(2.6 + 0.22 * len(nodes), 40.0)
+    fig, (ax, spend_ax) = plt.subplots(
+        2,
+        1,
+        figsize=(13, height + 2.4),
+        sharex=True,
+        gridspec_kw={"height_ratios": [height, 2.4], "hspace": 0.08},
+    )
+
+    # Instances: billed lifetime (hatched while starting), then the trials on them.
+    for n in nodes:
+        y = row[n.node]
+        ax.add_patch(
+            Rectangle(
+                (n.requested / unit, y + _PAD / 2),
+                (n.released - n.requested) / unit,
+                1 - _PAD,
+                facecolor="#f2f2f2",
+                edgecolor="#bbbbbb",
+                linewidth=0.5,
+            )
+        )
+        ax.add_patch(
+            Rectangle(
+                (n.requested / unit, y + _PAD / 2),
+                (n.ready - n.requested) / unit,
+                1 - _PAD,
+                facecolor="none",
+                edgecolor="#999999",
+                hatch="////",
+                linewidth=0,
+            )
+        )
+    by_node = {n.node: n for n in nodes}
+    named = set()  # stages already labelled
+    for s in trace.segments:
+        gpus = by_node[s.node].gpus
+        top = row[s.node] + _PAD / 2 + (1 - _PAD) * s.offset / gpus
+        tall = (1 - _PAD) * s.gpus / gpus
+        ax.add_patch(
+            Rectangle(
+                (s.start / unit, top),
+                (s.end - s.start) / unit,
+                tall,
+                facecolor=colour[(s.bracket, s.rung)],
+                edgecolor="white",
+                linewidth=0.4,
+            )
+        )
+        # Name each stage once, on its first box with room for the name.
+        if (s.bracket, s.rung) not in named and s.end - s.start > 0.06 * horizon and tall >= 0.45:
+            named.add((s.bracket, s.rung))
+            ax.text(
+                (s.start + s.end) / 2 / unit,
+                top + tall / 2,
+                f"b{s.bracket}-r{s.rung}",
+                color="white",
+                fontsize=7,
+                ha="center",
+                va="center",
+            )
+
+    # Rows: label every instance when they fit, else every k-th; brackets separated.
+    several = len(report.plan.chains) > 1
+    step = max(1, len(nodes) // 60)
+    ax.set_yticks([i + 0.5 for i in range(0, len(nodes), step)])
+    ax.set_yticklabels(
+        [
+            (f"b{nodes[i].bracket} · " if several else "") + f"{nodes[i].instance_type} #{i}"
+            for i in range(0, len(nodes), step)
+        ],
+        fontsize=7,
+    )
+    for i in range(1, len(nodes)):
+        if nodes[i].bracket != nodes[i - 1].bracket:
+            ax.axhline(i, color="#555555", linewidth=0.8)
+    ax.set_ylim(len(nodes), 0)
+    ax.set_xlim(0, horizon * 1.06 / unit)
+    ax.set_ylabel("instances")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.5)
+    ax.set_axisbelow(True)
+
+    jct = report.outcome.summary(report.outcome.jct)
+    cost = report.outcome.summary(report.outcome.cost)
+    marks = [(jct["p95"], "#333333", ":", f"p95 JCT {format_duration(jct['p95'])}")]
+    if report.deadline_s:
+        deadline = format_duration(report.deadline_s)
+        marks.append((report.deadline_s, "#d62728", "--", f"deadline {deadline}"))
+    # Labels run up the lines, the earlier on its left and the later on its right.
+    for index, (at, col, style, label) in enumerate(sorted(marks)):
+        for axis in (ax, spend_ax):
+            axis.axvline(at / unit, color=col, linestyle=style, linewidth=1.4)
+        ax.text(
+            at / unit,
+            0.15,
+            f" {label} ",
+            color=col,
+            fontsize=8,
+            rotation=90,
+            va="top",
+            ha="right" if index == 0 and len(marks) > 1 else "left",
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},
+        )
+
+    # Spend: list price accrues while instances are held; the billed total closes it.
+    times = np.linspace(0, trace.jct, 400)
+    held = np.zeros_like(times)
+    spent = np.zeros_like(times)
+    prices = {n.instance_type: report.catalog.get(n.instance_type).price_per_hour for n in nodes}
+    for n in nodes:
+        alive = (times >= n.requested) & (times < n.released)
+        held += alive * n.gpus
+        spent += (
+            prices[n.instance_type]
+            / 3600
+            * np.clip(times - n.requested, 0, None).clip(max=n.released - n.requested)
+        )
+    spend_ax.plot(times / unit, spent, color="#1f77b4", linewidth=1.6, label="spent (list price)")
+    spend_ax.plot([trace.jct / unit], [trace.cost], "o", color="#1f77b4")
+    spend_ax.annotate(
+        _dollars(f"billed ${trace.cost:,.2f} (mean times)"),
+        (trace.jct / unit, trace.cost),
+        textcoords="offset points",
+        xytext=(6, -4),
+        fontsize=8,
+        color="#1f77b4",
+    )
+    top = trace.cost * 1.25 or 1.0
+    if report.budget_usd and report.budget_usd <= 2.5 * trace.cost:
+        top = max(top, report.budget_usd * 1.1)
+        spend_ax.axhline(report.budget_usd, color="#d62728", linestyle="--", linewidth=1)
+    if report.budget_usd:
+        # A budget far above the spend would flatten the curve: say it instead of drawing it.
+        shown = report.budget_usd <= top
+        text = _dollars(f"budget ${report.budget_usd:,.2f}") + ("" if shown else " (off scale)")
+        spend_ax.text(
+            0.5,
+            report.budget_usd / top if shown else 0.97,
+            text,
+            transform=spend_ax.transAxes,
+            color="#d62728",
+            fontsize=8,
+            ha="center",
+            va="bottom" if shown else "top",
+        )
+    spend_ax.set_ylabel("USD spent")
+    spend_ax.set_ylim(0, top)
+    gpu_ax = spend_ax.twinx()
+    gpu_ax.step(times / unit, held, where="post", color="#7f7f7f", linewidth=1, label="GPUs held")
+    gpu_ax.set_ylabel("GPUs held", color="#7f7f7f")
+    gpu_ax.set_ylim(0, max(held.max(), 1) * 1.15)
+    spend_ax.set_xlabel(f"time since submission ({unit_name})")
+    spend_ax.grid(axis="x", color="#dddddd", linewidth=0.5)
+    handles = spend_ax.get_legend_handles_labels()[0] + gpu_ax.get_legend_handles_labels()[0]
+    spend_ax.legend(
+        handles=handles, loc="upper left", bbox_to_anchor=(1.07, 1.0), fontsize=8, frameon=False
+    )
+
+    legend = []
+    for stage, allocation in _stage_labels(report).items():
+        legend.append(Patch(facecolor=colour.get(stage, "#cccccc"), label=allocation))
+    legend.append(Patch(facecolor="#f2f2f2", edgecolor="#999999", hatch="////", label="starting"))
+    ax.legend(
+        handles=legend,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+        frameon=False,
+        title="stage · trials × GPUs · instances",
+        title_fontsize=8,
+    )
+    verdict = "feasible" if report.feasible else "INFEASIBLE"
+    fig.suptitle(
+        _dollars(
+            f"elastune plan ({report.planner}): JCT p50 {format_duration(jct['p50'])} / "
+            f"p95 {format_duration(jct['p95'])}, cost p50 ${cost['p50']:,.2f} / "
+            f"p95 ${cost['p95']:,.2f}, {verdict}"
+        ),
+        fontsize=11,
+        x=0.01,
+        ha="left",
+    )
+    fig.subplots_adjust(top=1 - 0.55 / (height + 2.4))  # title close to the chart
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _dollars(text: str) -> str:
+    """``$`` starts maths in matplotlib text; escape it."""
+    return text.replace("$", r"\$")
+
+
+def _stage_labels(report: PlanReport) -> dict[tuple[int, int], str]:
+    """Legend text per stage: its name, trials × GPUs per tier, and its instances."""
+    labels: dict[tuple[int, int], str] = {}
+    for stage in report.plan.stages:
+        tiers = " + ".join(f"{t.trials}×{t.gpus:g}" for t in stage.tiers)
+        labels[(stage.bracket, stage.rung)] = (
+            f"b{stage.bracket}-r{stage.rung} · {tiers} · {stage.instance_type} × {stage.instances}"
+        )
+    return labels

@@ -1,0 +1,172 @@
+"""``plan_job``: a job file in, a priced plan out. What ``elastune plan`` calls.
+
+RubberBand (the default) prices the job's own geometry (``compile_plan``: SHA is one
+bracket, Hyperband's brackets are independent chains) and finds its cheapest allocation
+meeting ``budget.deadline``; ``budget.max_cost_usd`` is then checked. SEER chooses the
+number of trials itself from the scheduler's ``eta``, ``min_resource`` and
+``max_resource``, and needs both a deadline and a budget.
+
+Example:
+    >>> from planners.spec import parse_job
+    >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
+    ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
+    ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9},
+    ...     "budget": {"deadline": "2h"},
+    ...     "compute": {"instance_types": ["g5.xlarge", "g5.12xlarge"]},
+    ...     "profile": {"seconds_per_unit": {1: 300}, "speedup": {2: 1.8, 4: 3.2}}})
+    >>> report = plan_job(spec)
+    >>> report.feasible, report.allocation(0, 0).trials
+    (True, 9)
+    >>> report.to_dict()["jct_s"]["p95"] <= 2 * 3600
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from planners.cost.baselines import static_baselines
+from planners.cost.catalog import Catalog, read_catalog
+from planners.cost.profile import Profile
+from planners.cost.report import PlanReport, Problem, format_duration, rows_for
+from planners.cost.rubberband import RubberBand
+from planners.cost.seer import Seer
+from planners.cost.simulate import Simulator
+from planners.plan import compile_plan
+from planners.spec import JobSpec, SpecError
+
+PLANNERS = ("rubberband", "seer")
+
+
+def job_profile(spec: JobSpec) -> Profile:
+    if spec.profile is None:
+        raise SpecError(
+            "profile: the job has no profile; add a profile: section (seconds per resource "
+            "unit per GPU count) or measure one with `elastune profile`"
+        )
+    return Profile.from_spec(spec.profile)
+
+
+def instance_types(spec: JobSpec, catalog: Catalog, profile: Profile) -> list[str]:
+    """The job's instance types, checked; by default every type the profile covers."""
+    if spec.compute.instance_types:
+        return [t.name for t in catalog.select(spec.compute.instance_types)]
+    names = [
+        name
+        for name, t in catalog.instance_types.items()
+        if profile.covers(t) and profile.counts_for(t)
+    ]
+    if not names:
+        raise SpecError(
+            "compute.instance_types: no instance type in the catalog fits the profile "
+            "(its GPU model and GPU counts)"
+        )
+    return names
+
+
+def plan_job(
+    spec: JobSpec,
+    planner: Literal["rubberband", "seer"] = "rubberband",
+    catalog: Catalog | None = None,
+    *,
+    profile: Profile | None = None,
+    samples: int = 200,
+    seed: int = 0,
+) -> PlanReport:
+    """Plan and price ``spec``; the report says if the deadline or budget cannot be met.
+
+    Args:
+        spec: The validated job.
+        planner: ``rubberband`` (cheapest plan meeting the deadline) or ``seer`` (most
+            trials within deadline and budget).
+        catalog: Prices and instance types; default: elastune's catalog.
+        profile: Timings; default: the job file's ``profile:`` section.
+        samples: Monte Carlo samples per plan.
+        seed: Seed of the simulated stragglers and delays.
+    """
+    if planner not in PLANNERS:
+        raise SpecError(f"--planner: unknown planner {planner!r} (use rubberband or seer)")
+    catalog = catalog if catalog is not None else read_catalog()
+    profile = profile if profile is not None else job_profile(spec)
+    names = instance_types(spec, catalog, profile)
+    simulator = Simulator(catalog, profile, samples=samples, seed=seed)
+    deadline, budget = spec.budget.deadline, spec.budget.max_cost_usd
+    max_gpus = spec.compute.max_gpus
+    problems: list[Problem] = []
+    details: dict[str, object] = {}
+
+    if planner == "rubberband":
+        result = RubberBand(simulator, names, deadline=deadline, max_gpus=max_gpus).plan(
+            compile_plan(spec).stages
+        )
+        plan, outcome = result.plan, result.outcome
+        if result.smallest_deadline is not None:
+            problems.append(_late(deadline, result.smallest_deadline))
+        elif budget is not None and outcome.cost_q > budget:
+            problems.append(_dear(budget, math.ceil(outcome.cost_q * 100) / 100))
+        details["search"] = {
+            "moves": [
+                {
+                    "gpus_per_trial": [list(chain) for chain in m.plan.gpus_per_trial],
+                    "jct_p95_s": round(m.jct, 1),
+                    "cost_mean_usd": round(m.cost, 4),
+                    "benefit_usd_per_s": m.benefit,
+                }
+                for m in result.moves
+            ]
+        }
+    else:
+        for field, value in (("budget.deadline", deadline), ("budget.max_cost_usd", budget)):
+            if value is None:
+                raise SpecError(f"{field}: the seer planner needs both a deadline and a budget")
+        s = spec.scheduler
+        seer = Seer(simulator, names, deadline=deadline, budget=budget, max_gpus=max_gpus)
+        result = seer.plan(s.max_resource, s.eta, s.min_resource)
+        plan, outcome = result.plan, result.outcome
+        if result.smallest_deadline is not None:
+            problems.append(_late(deadline, result.smallest_deadline))
+        if result.smallest_budget is not None:
+            problems.append(_dear(budget, result.smallest_budget))
+        row = result.solution
+        details["seer"] = {
+            "stages": row.stages,
+            "stage_s": round(row.stage_hours * 3600, 1),
+            "units": list(row.units),
+            "trials": list(row.trials),
+            "instance_type": result.instance_type,
+        }
+
+    baselines = static_baselines(simulator, plan, names, deadline=deadline, max_gpus=max_gpus)
+    return PlanReport(
+        planner,
+        plan,
+        outcome,
+        rows_for(plan, outcome, catalog),
+        baselines,
+        catalog,
+        deadline,
+        budget,
+        samples,
+        tuple(problems),
+        details,
+        simulator.trace(plan),
+    )
+
+
+def _late(deadline: float, smallest: float) -> Problem:
+    return Problem(
+        "budget.deadline",
+        f"budget.deadline: {format_duration(deadline)} cannot be met at p95; the smallest "
+        f"deadline that works is {format_duration(smallest)}",
+        smallest,
+    )
+
+
+def _dear(budget: float, smallest: float) -> Problem:
+    return Problem(
+        "budget.max_cost_usd",
+        f"budget.max_cost_usd: ${budget:,.2f} cannot be met at p95; the smallest budget "
+        f"that works is ${smallest:,.2f}",
+        smallest,
+    )

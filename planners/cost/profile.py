@@ -1,0 +1,236 @@
+"""The profile: seconds per resource unit of one trial on ``g`` GPUs, with its spread.
+
+Speedup is ``S(g) = t(1) / t(g)``. A segment of ``r`` resource units on ``g`` GPUs takes
+``overhead + r * t(g)`` seconds on average. Its spread has two parts: unit-to-unit noise,
+independent between units, so by the central limit theorem its sd grows as ``sqrt(r) *
+sd(g)`` (ALGORITHMS.md §5.3); and a per-segment straggler factor ``segment_cv`` (a slow node
+stays slow for the whole segment), whose sd grows as ``r * t(g) * segment_cv``.
+
+A profile comes from the job file's ``profile:`` section (:meth:`Profile.from_spec`), from
+numbers measured by ``elastune profile`` (:meth:`Profile.from_measurements`), or from a
+scaling model (:meth:`Profile.from_scaling`).
+
+Example:
+    >>> profile = Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2})
+    >>> profile.gpu_counts, profile.timing(4).mean
+    ((1.0, 2.0, 4.0), 225.0)
+    >>> measured = Profile.from_measurements({1: [700, 740], 2: [400, 400]})
+    >>> measured.timing(1), measured.to_dict()["seconds_per_unit"]
+    (Timing(mean=720.0, sd=28.284271247461902), {1: 720.0, 2: 400.0})
+    >>> profile.timing(8)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    planners.cost.profile.ProfileError: profile.seconds_per_unit: no timing for 8 GPUs per ...
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from planners.cost.catalog import InstanceType
+from planners.spec import ProfileSpec, SpecError
+
+
+class ProfileError(SpecError):
+    """The profile lacks what a plan needs; the message names the profile field."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per resource unit: ``mean`` and ``sd`` (unit-to-unit, independent)."""
+
+    mean: float
+    sd: float = 0.0
+
+
+def _counts(values: Iterable[float]) -> str:
+    return ", ".join(f"{g:g}" for g in sorted(values))
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Timings of one trial per GPU count (see the module docstring).
+
+    Args:
+        timings: ``g -> Timing`` (or a plain mean in seconds) per GPU count.
+        segment_cv: Per-segment straggler spread, relative to the segment's mean.
+        overhead_s: Seconds added to every segment (checkpoint restore and save).
+        gpu: GPU model the timings were measured on; ``None`` means any model.
+        speed: Throughput of other GPU models relative to ``gpu`` (2.0: twice as fast).
+    """
+
+    timings: Mapping[float, Timing]
+    segment_cv: float = 0.0
+    overhead_s: float = 0.0
+    gpu: str | None = None
+    speed: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.timings:
+            raise ProfileError("profile.seconds_per_unit: the profile has no GPU counts")
+        timings: dict[float, Timing] = {}
+        for g, timing in sorted(self.timings.items()):
+            if not isinstance(timing, Timing):
+                timing = Timing(float(timing))
+            if g <= 0:
+                raise ProfileError(f"profile.seconds_per_unit: GPU count must be > 0, got {g:g}")
+            if not timing.mean > 0:
+                raise ProfileError(
+                    f"profile.seconds_per_unit.{g:g}: seconds must be > 0, got {timing.mean}"
+                )
+            if not timing.sd >= 0:
+                raise ProfileError(f"profile.sd_per_unit.{g:g}: must be >= 0, got {timing.sd}")
+            timings[float(g)] = timing
+        object.__setattr__(self, "timings", timings)
+        for name, value in (("segment_cv", self.segment_cv), ("overhead_s", self.overhead_s)):
+            if not value >= 0:
+                raise ProfileError(f"profile.{name}: must be >= 0, got {value}")
+        for model, factor in self.speed.items():
+            if not factor > 0:
+                raise ProfileError(f"profile.speed.{model}: must be > 0, got {factor}")
+
+    # --- construction -------------------------------------------------------------------
+
+    @classmethod
+    def from_measurements(cls, samples: Mapping[float, Sequence[float]], **options: Any) -> Profile:
+        """From measured seconds per resource unit, several samples per GPU count."""
+        timings = {}
+        for g, values in samples.items():
+            if not values:
+                raise ProfileError(f"profile.seconds_per_unit.{g:g}: no measurements")
+            sd = statistics.stdev(values) if len(values) > 1 else 0.0
+            timings[g] = Timing(statistics.fmean(values), sd)
+        return cls(timings, **options)
+
+    @classmethod
+    def from_scaling(
+        cls,
+        seconds_1gpu: float,
+        *,
+        speedup: Mapping[float, float] | None = None,
+        serial_fraction: float | None = None,
+        gpus: Sequence[float] = (1, 2, 4, 8),
+        unit_cv: float = 0.0,
+        **options: Any,
+    ) -> Profile:
+        """From the time on one GPU and a speedup table, or Amdahl's law over ``gpus``."""
+        if speedup is not None:
+            table = {1.0: 1.0, **{float(g): s for g, s in speedup.items()}}
+        elif serial_fraction is not None:
+            table = {float(g): 1 / (serial_fraction + (1 - serial_fraction) / g) for g in gpus}
+        else:
+            table = {float(g): float(g) for g in gpus}  # linear scaling
+        for g, s in table.items():
+            if not s > 0:
+                raise ProfileError(f"profile.speedup.{g:g}: must be > 0, got {s}")
+        mean = {g: seconds_1gpu / s for g, s in table.items()}
+        return cls({g: Timing(m, unit_cv * m) for g, m in mean.items()}, **options)
+
+    @classmethod
+    def from_spec(cls, spec: ProfileSpec) -> Profile:
+        """From the job file's validated ``profile:`` section."""
+        options: dict[str, Any] = {
+            "segment_cv": spec.segment_cv,
+            "overhead_s": spec.overhead_s,
+            "gpu": spec.gpu,
+            "speed": dict(spec.speed),
+        }
+        if spec.speedup is not None or spec.serial_fraction is not None:
+            return cls.from_scaling(
+                spec.seconds_per_unit[1.0],
+                speedup=spec.speedup,
+                serial_fraction=spec.serial_fraction,
+                gpus=spec.gpus,
+                unit_cv=spec.unit_cv,
+                **options,
+            )
+        timings = {
+            g: Timing(mean, spec.sd_per_unit.get(g, spec.unit_cv * mean))
+            for g, mean in spec.seconds_per_unit.items()
+        }
+        return cls(timings, **options)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job file's ``profile:`` section for this profile (round-trips via from_spec)."""
+
+        def key(g: float) -> float | int:
+            return int(g) if g.is_integer() else g
+
+        out: dict[str, Any] = {
+            "seconds_per_unit": {key(g): t.mean for g, t in self.timings.items()},
+        }
+        if any(t.sd for t in self.timings.values()):
+            out["sd_per_unit"] = {key(g): t.sd for g, t in self.timings.items()}
+        if self.segment_cv:
+            out["segment_cv"] = self.segment_cv
+        if self.overhead_s:
+            out["overhead_s"] = self.overhead_s
+        if self.gpu is not None:
+            out["gpu"] = self.gpu
+        if self.speed:
+            out["speed"] = dict(self.speed)
+        return out
+
+    # --- queries ------------------------------------------------------------------------
+
+    @property
+    def gpu_counts(self) -> tuple[float, ...]:
+        return tuple(self.timings)
+
+    def covers(self, instance: InstanceType) -> bool:
+        """Whether the profile has timings for this instance type's GPU model."""
+        return self.gpu is None or instance.gpu == self.gpu or instance.gpu in self.speed
+
+    def check(self, instance: InstanceType) -> None:
+        """Raise :class:`ProfileError`, naming the field, if no trial can be timed on
+        ``instance``: its GPU model is not covered or no GPU count fits one node."""
+        self.timing(self.gpu_counts[0], instance)
+        if not self.counts_for(instance):
+            raise ProfileError(
+                f"profile.seconds_per_unit: no GPU count fits one {instance.name} node "
+                f"({instance.gpus} GPUs; the profile has {_counts(self.timings)})"
+            )
+
+    def counts_for(self, instance: InstanceType) -> tuple[float, ...]:
+        """GPU counts a trial may use on one node of ``instance`` (workers are co-located)."""
+        return tuple(g for g in self.timings if g <= instance.gpus)
+
+    def timing(self, g: float, instance: InstanceType | None = None) -> Timing:
+        """Seconds per resource unit on ``g`` GPUs of ``instance``'s model."""
+        try:
+            timing = self.timings[float(g)]
+        except KeyError:
+            raise ProfileError(
+                f"profile.seconds_per_unit: no timing for {g:g} GPUs per trial, which the plan "
+                f"needs (the profile has {_counts(self.timings)})"
+            ) from None
+        if instance is None or self.gpu is None or instance.gpu == self.gpu:
+            return timing
+        factor = self.speed.get(instance.gpu)
+        if factor is None:
+            raise ProfileError(
+                f"profile.speed.{instance.gpu}: no timing for {instance.gpu} GPUs "
+                f"(instance type {instance.name}); the profile was measured on {self.gpu}: "
+                f"add its relative speed or measure it"
+            )
+        return Timing(timing.mean / factor, timing.sd / factor)
+
+    def segment(
+        self, g: float, resource: float, instance: InstanceType | None = None
+    ) -> tuple[float, float]:
+        """Mean and sd in seconds of one segment training ``resource`` units on ``g`` GPUs."""
+        timing = self.timing(g, instance)
+        work = resource * timing.mean
+        sd = math.sqrt(resource * timing.sd**2 + (work * self.segment_cv) ** 2)
+        return self.overhead_s + work, sd
+
+    def units_per_hour(self, g: float, instance: InstanceType | None = None) -> float:
+        """Resource one trial trains per hour on ``g`` GPUs: SEER's ``S(g)``."""
+        return 3600.0 / self.timing(g, instance).mean
+
+    def speedup(self, g: float) -> float:
+        return self.timing(1.0).mean / self.timing(g).mean

@@ -1,0 +1,252 @@
+"""The plan report: what ``elastune plan`` prints, ``--json`` emits and the flow executes.
+
+Example:
+    >>> format_duration(1755), format_duration(43200), format_duration(59.2)
+    ('29m15s', '12h', '1m')
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from planners.cost.allocation import AllocationPlan
+from planners.cost.baselines import Baseline
+from planners.cost.catalog import Catalog
+from planners.cost.placement import place
+from planners.cost.simulate import Outcome, Trace
+from planners.spec import SpecError
+
+
+class InfeasibleError(SpecError):
+    """The deadline or budget cannot be met; the message names the field and the smallest
+    value that works (the CLI exits 2)."""
+
+
+def format_duration(seconds: float) -> str:
+    """``1h02m03s`` style, rounded up to whole seconds; parseable by the job file."""
+    total = math.ceil(seconds - 1e-9)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [(hours, "h"), (minutes, "m"), (secs, "s")]
+    text = "".join(f"{value}{unit}" for value, unit in parts if value)
+    return text or "0s"
+
+
+@dataclass(frozen=True)
+class StageAllocation:
+    """What the staged flow needs to run one stage (one tier of a SEER stage): run
+    ``trials`` segments, ``concurrent`` at a time, each on ``gpus_per_trial`` GPUs, on a
+    pool of ``instances`` x ``instance_type``."""
+
+    bracket: int
+    rung: int
+    tier: int
+    trials: int
+    gpus_per_trial: float
+    instance_type: str
+    instances: int
+    concurrent: int
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One row of the stage table: a stage's tier with its predicted times and cost."""
+
+    allocation: StageAllocation
+    resource_start: float
+    resource_stop: float
+    start_s: float  # median training start (after provisioning), seconds from submission
+    end_s: float  # median end
+    cost_usd: float  # mean, the tier's share of its stage
+
+    @property
+    def name(self) -> str:
+        a = self.allocation
+        return f"b{a.bracket}-r{a.rung}" + (f"-t{a.tier}" if a.tier else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.allocation
+        return {
+            "stage": self.name,
+            "bracket": a.bracket,
+            "rung": a.rung,
+            "tier": a.tier,
+            "trials": a.trials,
+            "resource": {"start": self.resource_start, "stop": self.resource_stop},
+            "gpus_per_trial": a.gpus_per_trial,
+            "instance_type": a.instance_type,
+            "instances": a.instances,
+            "concurrent": a.concurrent,
+            "start_s": round(self.start_s, 1),
+            "end_s": round(self.end_s, 1),
+            "cost_usd": round(self.cost_usd, 4),
+        }
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why the plan is infeasible: ``field`` cannot be met; ``smallest`` would work."""
+
+    field: str
+    message: str
+    smallest: float
+
+
+def rows_for(plan: AllocationPlan, outcome: Outcome, catalog: Catalog) -> tuple[StageRow, ...]:
+    """The stage table of a priced plan, one row per tier."""
+    rows = []
+    for stage, times in zip(plan.stages, outcome.stages, strict=True):
+        gpus_per_node = catalog.get(stage.instance_type).gpus
+        slots = place(stage.sizes, gpus_per_node, stage.instances).slots
+        start, end = (float(np.median(x)) for x in (times.start, times.end))
+        for index, tier in enumerate(stage.tiers):
+            concurrent = min(tier.trials, sum(abs(s.gpus - tier.gpus) < 1e-9 for s in slots))
+            share = tier.trials * tier.gpus / stage.gpus
+            allocation = StageAllocation(
+                stage.bracket,
+                stage.rung,
+                index,
+                tier.trials,
+                tier.gpus,
+                stage.instance_type,
+                stage.instances,
+                concurrent,
+            )
+            rows.append(StageRow(allocation, tier.start, tier.stop, start, end, times.cost * share))
+    return tuple(rows)
+
+
+def _baseline_dict(baseline: Baseline, plan_cost: float) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "instance_type": baseline.instance_type,
+        "instances": baseline.nodes,
+        "gpus": baseline.gpus,
+        "meets_deadline": baseline.meets_deadline,
+    }
+    if baseline.outcome is not None:
+        out["jct_s"] = baseline.outcome.summary(baseline.outcome.jct)
+        out["cost_usd"] = baseline.outcome.summary(baseline.outcome.cost)
+        out["cost_ratio"] = round(baseline.outcome.cost_mean / plan_cost, 3)
+    if baseline.note:
+        out["note"] = baseline.note
+    return out
+
+
+@dataclass
+class PlanReport:
+    """A priced plan with its baselines. ``allocations`` is what the flow executes."""
+
+    planner: str
+    plan: AllocationPlan
+    outcome: Outcome
+    rows: tuple[StageRow, ...]
+    baselines: tuple[Baseline, Baseline]
+    catalog: Catalog
+    deadline_s: float | None
+    budget_usd: float | None
+    samples: int
+    problems: tuple[Problem, ...] = ()
+    details: dict[str, Any] = field(default_factory=dict)  # planner-specific (SEER's K, T…)
+    trace: Trace | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return not self.problems
+
+    @property
+    def allocations(self) -> tuple[StageAllocation, ...]:
+        return tuple(row.allocation for row in self.rows)
+
+    def allocation(self, bracket: int, rung: int) -> StageAllocation:
+        """The stage's allocation, for the staged flow (one tier per stage)."""
+        found = [a for a in self.allocations if (a.bracket, a.rung) == (bracket, rung)]
+        if len(found) != 1:
+            raise KeyError(f"plan has {len(found)} allocations for bracket {bracket} rung {rung}")
+        return found[0]
+
+    def check(self) -> None:
+        """Raise :class:`InfeasibleError` (a SpecError: exit 2) if the plan is infeasible."""
+        if self.problems:
+            raise InfeasibleError("; ".join(p.message for p in self.problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        cost = self.outcome.cost_mean
+        static_max, static_min = self.baselines
+        return {
+            "planner": self.planner,
+            "feasible": self.feasible,
+            "problems": [
+                {"field": p.field, "message": p.message, "smallest": p.smallest}
+                for p in self.problems
+            ],
+            "deadline_s": self.deadline_s,
+            "budget_usd": self.budget_usd,
+            "quantile": self.outcome.quantile,
+            "samples": self.samples,
+            "jct_s": self.outcome.summary(self.outcome.jct),
+            "cost_usd": self.outcome.summary(self.outcome.cost),
+            "stages": [row.to_dict() for row in self.rows],
+            "baselines": {
+                "static_max": _baseline_dict(static_max, cost),
+                "static_min": _baseline_dict(static_min, cost),
+            },
+            "catalog": {
+                "region": self.catalog.region,
+                "prices_read": self.catalog.prices_read,
+                "source": self.catalog.source,
+            },
+            **self.details,
+        }
+
+    def to_table(self) -> tuple[list[str], list[list[str]]]:
+        """Column names and rows of the stage table, as strings for a rich Table."""
+        columns = ["stage", "trials", "resource", "GPUs/trial", "instances", "start", "end", "cost"]
+        rows = [
+            [
+                row.name,
+                str(row.allocation.trials),
+                f"{row.resource_start:g} → {row.resource_stop:g}",
+                f"{row.allocation.gpus_per_trial:g}",
+                f"{row.allocation.instance_type} × {row.allocation.instances}",
+                format_duration(row.start_s),
+                format_duration(row.end_s),
+                f"${row.cost_usd:,.2f}",
+            ]
+            for row in self.rows
+        ]
+        return columns, rows
+
+    def summary_lines(self) -> list[str]:
+        """The lines under the table: predictions, feasibility, baselines."""
+        jct = self.outcome.summary(self.outcome.jct)
+        cost = self.outcome.summary(self.outcome.cost)
+        lines = [
+            f"predicted JCT  p50 {format_duration(jct['p50'])}  p95 {format_duration(jct['p95'])}"
+            + (f"  (deadline {format_duration(self.deadline_s)})" if self.deadline_s else ""),
+            f"predicted cost p50 ${cost['p50']:,.2f}  p95 ${cost['p95']:,.2f}"
+            + (f"  (budget ${self.budget_usd:,.2f})" if self.budget_usd else ""),
+            "feasible"
+            if self.feasible
+            else "INFEASIBLE: " + "; ".join(p.message for p in self.problems),
+        ]
+        for baseline in self.baselines:
+            if baseline.outcome is None:
+                lines.append(f"{baseline.name}: {baseline.note}")
+                continue
+            b_jct = baseline.outcome.jct_q
+            ratio = baseline.outcome.cost_mean / self.outcome.cost_mean
+            lines.append(
+                f"{baseline.name}: {baseline.instance_type} × {baseline.nodes} "
+                f"({baseline.gpus} GPUs) for the whole job, p95 JCT {format_duration(b_jct)}, "
+                f"mean cost ${baseline.outcome.cost_mean:,.2f} ({ratio:.2f}x the plan)"
+                + ("" if baseline.meets_deadline else ", misses the deadline")
+            )
+        lines.append(
+            f"prices: {self.catalog.source} (read {self.catalog.prices_read}); "
+            f"{self.samples} Monte Carlo samples"
+        )
+        return lines

@@ -1,0 +1,433 @@
+"""RubberBand: the cheapest allocation plan whose p95 JCT meets the deadline (ALGORITHMS.md §5.4).
+
+The job is fixed (its stages, trials and resources come from the scheduler's geometry);
+the plan chooses, per stage, the GPUs per trial, the instance type and the pool size. The
+greedy starts from the fastest plan, then repeatedly moves to the neighbour with the best
+cost-marginal benefit ``M = (c - c2) / (j2 - j)``, money saved per second of JCT given up
+(``+inf`` for a neighbour that is cheaper and not slower), among neighbours that are
+cheaper and still meet the deadline at the simulator's quantile; it stops when none
+qualifies. Plans are compared on mean cost and p95 JCT, all on the same random draws
+(common random numbers).
+
+Neighbours, each one move: lower one stage's GPUs per trial by one step, or move one stage
+to another instance type (§5.4); and, our own additions [OWN], run one stage in one more
+wave on fewer nodes, or cut a bracket's largest pool by one wave for all its stages. The
+last two matter when the deadline is loose: fewer nodes pay for less startup and less
+idle time behind stragglers, and a cut of every stage at once avoids re-provisioning a
+later stage's nodes, which makes each one-stage cut more expensive on its own.
+
+The greedy is run from several feasible starts and the cheapest result wins [OWN]: per
+instance type, the fastest plan (the paper's start) and the elastic twin of the smallest
+static pool that meets the deadline (:meth:`RubberBand.lean`), so the plan is never dearer
+than that static pool run elastically. When even the fastest plan misses the deadline the
+result is infeasible and says the smallest deadline that works: the best fastest plan's
+p95 JCT.
+
+A quota (``max_gpus``) caps the GPUs held at any time. Brackets run side by side, so each
+gets a fixed share of the quota in proportion to its work; a stage whose trials do not fit
+its share runs them in waves. Instance types that another type dominates (same node size
+and billing, no slower, no dearer, no slower to start) are skipped.
+
+Example (ALGORITHMS.md §5.6):
+    >>> from planners.cost.catalog import parse_catalog
+    >>> from planners.cost.profile import Profile
+    >>> from planners.cost.simulate import Simulator
+    >>> from planners.plan import Stage
+    >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
+    ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
+    >>> simulator = Simulator(catalog, Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}))
+    >>> job = [Stage(0, 0, 8, 0, 1), Stage(0, 1, 4, 1, 3), Stage(0, 2, 2, 3, 7)]
+    >>> result = RubberBand(simulator, ["p3.8xlarge"], deadline=36 * 60).plan(job)
+    >>> [m.plan.gpus_per_trial[0] for m in result.moves]
+    [('4', '4', '4'), ('2', '4', '4')]
+    >>> round(result.outcome.jct_q / 60, 2), round(result.outcome.cost_mean, 2)
+    (32.17, 20.13)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import groupby
+
+import numpy as np
+
+from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
+from planners.cost.catalog import Catalog, InstanceType
+from planners.cost.placement import place
+from planners.cost.profile import Profile
+from planners.cost.simulate import Outcome, Simulator
+from planners.cost.simulate import quantile as _quantile
+from planners.plan import Stage
+from planners.spec import SpecError
+
+_TOLERANCE = 1e-9  # a neighbour must be cheaper by more than float noise
+
+
+@dataclass(frozen=True)
+class Move:
+    """One plan on the greedy path: its p95 JCT, mean cost and the ``M`` that chose it."""
+
+    plan: AllocationPlan
+    jct: float
+    cost: float
+    benefit: float | None  # None for the starting plan
+
+
+@dataclass(frozen=True)
+class RubberBandResult:
+    """The chosen plan, or the fastest one when ``feasible`` is False."""
+
+    plan: AllocationPlan
+    outcome: Outcome
+    feasible: bool
+    smallest_deadline: float | None  # seconds; set when the deadline cannot be met
+    moves: tuple[Move, ...]
+
+
+def chains_of(stages: Sequence[Stage]) -> list[list[Stage]]:
+    """The job's stages grouped into one chain per bracket, in rung order."""
+    ordered = sorted(stages, key=lambda s: (s.bracket, s.rung))
+    return [list(chain) for _, chain in groupby(ordered, key=lambda s: s.bracket)]
+
+
+def split(total: int, weights: Sequence[float]) -> list[int] | None:
+    """``total`` split in proportion to ``weights`` (largest remainder), at least 1 each.
+
+    None when ``total`` is smaller than the number of parts.
+    """
+    if total < len(weights):
+        return None
+    spare = total - len(weights)
+    exact = [spare * w / sum(weights) for w in weights]
+    shares = [1 + math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: -(exact[i] - math.floor(exact[i])))
+    for i in by_remainder[: total - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def chain_work(chain: Sequence[Stage]) -> float:
+    """Resource units trained by a chain, resuming from checkpoints."""
+    return sum(stage.work for stage in chain)
+
+
+def per_node(instance: InstanceType, gpus: float) -> int:
+    """Trials of ``gpus`` GPUs that fit one node (co-located, best fit)."""
+    return int(instance.gpus / gpus + 1e-9)
+
+
+def nodes_for(trials: int, slots_per_node: int, waves: int) -> int:
+    """The fewest nodes that run ``trials`` in ``waves`` waves."""
+    return math.ceil(math.ceil(trials / waves) / slots_per_node)
+
+
+def wave_nodes(trials: int, slots_per_node: int, nodes: int | None) -> int:
+    """The fewest nodes that run ``trials`` in as few waves as ``nodes`` nodes do (all at
+    once when ``nodes`` is None): more nodes would only idle in the last wave."""
+    waves = 1 if nodes is None else math.ceil(trials / (nodes * slots_per_node))
+    return nodes_for(trials, slots_per_node, waves)
+
+
+def build_stage(
+    stage: Stage, gpus: float, instance: InstanceType, cap: int | None, hold: bool = False
+) -> StagePlan:
+    """``stage`` on ``gpus`` GPUs per trial, in as few waves as ``cap`` nodes allow (all at
+    once without a cap) on the fewest nodes that do it, or on exactly ``cap`` nodes when
+    ``hold`` (a static pool)."""
+    if hold and cap is not None:
+        nodes = cap
+    else:
+        nodes = wave_nodes(stage.trials, per_node(instance, gpus), cap)
+    tier = GpuTier(stage.trials, gpus, stage.stop - stage.start, stage.start)
+    return StagePlan(stage.bracket, stage.rung, (tier,), instance.name, nodes)
+
+
+def fastest_stage(
+    profile: Profile, stage: Stage, instance: InstanceType, cap: int | None, hold: bool = False
+) -> StagePlan:
+    """The GPUs per trial that finish ``stage`` soonest on at most ``cap`` nodes (mean
+    times, waves counted); ties go to fewer GPUs."""
+
+    def finish(g: float) -> tuple[float, float]:
+        waves = place((g,) * stage.trials, instance.gpus, cap).waves
+        return waves * profile.segment(g, stage.stop - stage.start, instance)[0], g
+
+    best = min(profile.counts_for(instance), key=finish)
+    return build_stage(stage, best, instance, cap, hold)
+
+
+def fewer_nodes(stage: StagePlan, instance: InstanceType) -> int | None:
+    """Nodes for the next wave count that needs fewer nodes (None on one node)."""
+    slots = per_node(instance, stage.tiers[0].gpus)
+    waves = math.ceil(stage.trials / (stage.instances * slots))
+    for more in range(waves + 1, stage.trials + 1):
+        nodes = nodes_for(stage.trials, slots, more)
+        if nodes < stage.instances:
+            return nodes
+    return None
+
+
+def shrink_pool(chain: tuple[StagePlan, ...], catalog: Catalog) -> tuple[StagePlan, ...] | None:
+    """The chain with its largest pool one wave smaller and no stage holding more GPUs
+    than that: a bracket-wide cut, so a later stage never has to provision nodes an
+    earlier one released (one-stage cuts cannot get there without first paying for it)."""
+    held = [s.instances * catalog.get(s.instance_type).gpus for s in chain]
+    peak = max(range(len(chain)), key=lambda k: held[k])
+    fewer = fewer_nodes(chain[peak], catalog.get(chain[peak].instance_type))
+    if fewer is None:
+        return None
+    cap = fewer * catalog.get(chain[peak].instance_type).gpus
+    out = []
+    for stage, gpus in zip(chain, held, strict=True):
+        if gpus > cap:
+            instance = catalog.get(stage.instance_type)
+            slots = per_node(instance, stage.tiers[0].gpus)
+            nodes = wave_nodes(stage.trials, slots, max(1, cap // instance.gpus))
+            stage = stage.replace(instances=nodes)
+        out.append(stage)
+    return tuple(out)
+
+
+def _swap(chain: tuple[StagePlan, ...], k: int, stage: StagePlan) -> tuple[StagePlan, ...]:
+    return (*chain[:k], stage, *chain[k + 1 :])
+
+
+def _least(cap: int | None, nodes: int) -> int:
+    return nodes if cap is None else min(cap, nodes)
+
+
+class RubberBand:
+    """Greedy cost-marginal-benefit planner (see the module docstring).
+
+    Args:
+        simulator: Prices plans; its quantile is the feasibility level.
+        instance_types: Types a stage may use (names from the simulator's catalog).
+        deadline: Seconds the plan's p95 JCT must not exceed; None: no deadline.
+        max_gpus: GPUs the job may hold at once; None: no quota.
+    """
+
+    def __init__(
+        self,
+        simulator: Simulator,
+        instance_types: Sequence[str],
+        *,
+        deadline: float | None = None,
+        max_gpus: int | None = None,
+    ):
+        if not instance_types:
+            raise ValueError("instance_types must name at least one instance type")
+        if deadline is not None and not deadline > 0:
+            raise ValueError(f"deadline must be positive, got {deadline}")
+        if max_gpus is not None and max_gpus < 1:
+            raise ValueError(f"max_gpus must be >= 1, got {max_gpus}")
+        self.simulator = simulator
+        self.profile = simulator.profile
+        self.types = simulator.catalog.select(instance_types)
+        self.deadline = math.inf if deadline is None else deadline
+        self.max_gpus = max_gpus
+
+    # --- the plan space -----------------------------------------------------------------
+
+    def caps(self, chains: Sequence[Sequence[Stage]], instance: InstanceType) -> list[int | None]:
+        """Most nodes of ``instance`` each chain may hold; raises if the quota is too small."""
+        if self.max_gpus is None:
+            return [None] * len(chains)
+        shares = split(self.max_gpus // instance.gpus, [chain_work(c) for c in chains])
+        if shares is None:
+            raise SpecError(
+                f"compute.max_gpus: {self.max_gpus} GPUs is too few for {len(chains)} "
+                f"brackets side by side on {instance.name} ({instance.gpus} GPUs per node)"
+            )
+        return list(shares)
+
+    def fastest(self, chains: Sequence[Sequence[Stage]], instance: InstanceType) -> AllocationPlan:
+        caps = self.caps(chains, instance)
+        return AllocationPlan(
+            tuple(
+                tuple(fastest_stage(self.profile, stage, instance, cap) for stage in chain)
+                for chain, cap in zip(chains, caps, strict=True)
+            )
+        )
+
+    def lean(
+        self, chains: Sequence[Sequence[Stage]], instance: InstanceType, caps: list[int | None]
+    ) -> AllocationPlan | None:
+        """The elastic twin of the smallest static pool that meets the deadline: the fewest
+        ``instance`` nodes, split among brackets by work, on which every stage runs as fast
+        as it can, releasing what a stage does not need. None if even the largest misses."""
+        weights = [chain_work(chain) for chain in chains]
+
+        def on(total: int) -> AllocationPlan:
+            shares = split(total, weights) or [1] * len(chains)
+            return AllocationPlan(
+                tuple(
+                    tuple(
+                        fastest_stage(self.profile, stage, instance, _least(cap, share))
+                        for stage in chain
+                    )
+                    for chain, share, cap in zip(chains, shares, caps, strict=True)
+                )
+            )
+
+        def meets(plan: AllocationPlan) -> bool:
+            return self.simulator.run(plan).jct_q <= self.deadline
+
+        fastest = self.fastest(chains, instance)
+        low, high = len(chains), sum(max(s.instances for s in chain) for chain in fastest.chains)
+        if not meets(on(high)):
+            return None
+        while low < high:  # JCT falls as the pool grows: bisect
+            mid = (low + high) // 2
+            low, high = (low, mid) if meets(on(mid)) else (mid + 1, high)
+        return on(high)
+
+    def neighbours(
+        self,
+        plan: AllocationPlan,
+        chains: Sequence[Sequence[Stage]],
+        caps: dict[str, list[int | None]],
+    ) -> Iterator[tuple[int, tuple[StagePlan, ...]]]:
+        """Plans one move away, as (bracket index, its new chain). For one stage: one GPU
+        step fewer per trial (on no more nodes), one more wave (fewer nodes), or another
+        instance type (about as many GPUs); for one bracket: its largest pool one wave
+        smaller (:func:`shrink_pool`).
+
+        ``caps`` holds the node caps per chain of every usable instance type.
+        """
+        for c, chain in enumerate(plan.chains):
+            for k, current in enumerate(chain):
+                stage = chains[c][k]
+                instance = self.simulator.catalog.get(current.instance_type)
+                g = current.tiers[0].gpus
+                lower = [x for x in self.profile.counts_for(instance) if x < g]
+                if lower:
+                    cap = _least(caps[instance.name][c], current.instances)
+                    yield c, _swap(chain, k, build_stage(stage, lower[-1], instance, cap))
+                fewer = fewer_nodes(current, instance)
+                if fewer is not None:
+                    yield c, _swap(chain, k, current.replace(instances=fewer))
+                gpus = current.instances * instance.gpus
+                for other in self.types:
+                    if other.name == instance.name or other.name not in caps:
+                        continue
+                    counts = self.profile.counts_for(other)
+                    fit = [x for x in counts if x <= g]
+                    cap = _least(caps[other.name][c], math.ceil(gpus / other.gpus))
+                    moved = build_stage(stage, fit[-1] if fit else counts[0], other, cap)
+                    yield c, _swap(chain, k, moved)
+            shrunk = shrink_pool(chain, self.simulator.catalog)
+            if shrunk is not None:
+                yield c, shrunk
+
+    def options(
+        self, stage: Stage, chain: int, caps: dict[str, list[int | None]]
+    ) -> list[StagePlan]:
+        """Every allocation of ``stage`` in the plan space the greedy walks: each usable
+        type, GPU count and node count that gives a distinct number of waves."""
+        out = []
+        for name, type_caps in caps.items():
+            instance = self.simulator.catalog.get(name)
+            for g in self.profile.counts_for(instance):
+                option: StagePlan | None = build_stage(stage, g, instance, type_caps[chain])
+                while option is not None:
+                    out.append(option)
+                    fewer = fewer_nodes(option, instance)
+                    option = None if fewer is None else option.replace(instances=fewer)
+        return out
+
+    # --- the greedy ---------------------------------------------------------------------
+
+    def usable(self, chains: Sequence[Sequence[Stage]]) -> dict[str, list[int | None]]:
+        """Node caps per chain of every instance type worth trying. A type is skipped when
+        the profile cannot time it, no GPU count fits it or the quota is too small (if no
+        type is left, the first one's problem is raised, naming its field), and when
+        another type dominates it: same GPUs per node and billing, at least as fast, no
+        dearer, no slower to start. Plans on a dominated type are never cheaper."""
+        caps, problems = {}, []
+        for instance in self.types:
+            try:
+                self.profile.check(instance)
+                caps[instance.name] = self.caps(chains, instance)
+            except SpecError as problem:
+                problems.append(problem)
+        if not caps:
+            raise problems[0]
+        kept = [t for t in self.types if t.name in caps]
+        return {
+            t.name: caps[t.name]
+            for i, t in enumerate(kept)
+            if not any(
+                self._dominates(o, t) and (not self._dominates(t, o) or j < i)
+                for j, o in enumerate(kept)
+                if o is not t
+            )
+        }
+
+    def _dominates(self, a: InstanceType, b: InstanceType) -> bool:
+        probe = self.profile.gpu_counts[0]
+        return (
+            a.gpus == b.gpus
+            and a.billing == b.billing
+            and a.price_per_hour <= b.price_per_hour
+            and self.profile.timing(probe, a).mean <= self.profile.timing(probe, b).mean
+            and all(
+                x.mean_s <= y.mean_s and x.sd_s <= y.sd_s
+                for x, y in ((a.startup, b.startup), (a.queueing, b.queueing))
+            )
+        )
+
+    def plan(self, stages: Sequence[Stage]) -> RubberBandResult:
+        chains = chains_of(stages)
+        caps = self.usable(chains)
+        starts = []
+        for name, type_caps in caps.items():
+            instance = self.simulator.catalog.get(name)
+            starts += [self.fastest(chains, instance), self.lean(chains, instance, type_caps)]
+        results = [self._descend(start, chains, caps) for start in starts if start is not None]
+        feasible = [r for r in results if r.feasible]
+        if feasible:
+            return min(feasible, key=lambda r: (r.outcome.cost_mean, r.outcome.jct_q))
+        best = min(results, key=lambda r: r.outcome.jct_q)
+        return RubberBandResult(
+            best.plan, best.outcome, False, math.ceil(best.outcome.jct_q), best.moves
+        )
+
+    def _descend(
+        self,
+        start: AllocationPlan,
+        chains: Sequence[Sequence[Stage]],
+        caps: dict[str, list[int | None]],
+    ) -> RubberBandResult:
+        outcome = self.simulator.run(start)
+        j, c = outcome.jct_q, outcome.cost_mean
+        moves = [Move(start, j, c, None)]
+        if j > self.deadline:
+            return RubberBandResult(start, outcome, False, None, tuple(moves))
+        plan, quantile = start, self.simulator.quantile
+        while True:
+            # A move changes one chain: price it against the others, which stay as they are.
+            runs = [self.simulator.chain(chain) for chain in plan.chains]
+            costs = [run.total_mean for run in runs]
+            best: tuple[tuple[float, float, float], int, tuple[StagePlan, ...]] | None = None
+            for index, chain in self.neighbours(plan, chains, caps):
+                run = self.simulator.chain(chain)
+                c2 = c - costs[index] + run.total_mean  # mean cost adds up over chains
+                if c2 >= c - _TOLERANCE:
+                    continue
+                ends = [r.end for i, r in enumerate(runs) if i != index] + [run.end]
+                j2 = _quantile(np.max(ends, axis=0), quantile)
+                if j2 > self.deadline:
+                    continue
+                benefit = (c - c2) / (j2 - j) if j2 > j else math.inf
+                key = (benefit, -c2, -j2)  # ties: lower cost, then lower JCT
+                if best is None or key > best[0]:
+                    best = (key, index, chain)
+            if best is None:
+                return RubberBandResult(plan, outcome, True, None, tuple(moves))
+            (benefit, _, _), index, chain = best
+            plan = plan.with_chain(index, chain)
+            outcome = self.simulator.run(plan)
+            j, c = outcome.jct_q, outcome.cost_mean
+            moves.append(Move(plan, j, c, benefit))

@@ -1,0 +1,115 @@
+"""The ``ctx`` a trainable receives (ARCHITECTURE.md §3), in the style of Ray Tune's
+function API::
+
+    def train(config: dict, ctx: TrialContext) -> None:
+        model, optimizer = build(config)
+        start = ctx.restore(model=model, optimizer=optimizer)  # resource already trained
+        for epoch in ctx.range(start):                         # start+1 .. this segment's target
+            ...
+            ctx.report(val_accuracy=acc, loss=loss)            # step = epoch
+            ctx.checkpoint(model=model, optimizer=optimizer)
+
+The object passed as ``model=`` is the one registered in MLflow for the job's best trial.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from tasks.tracking import Tracker
+
+
+class TrialContext:
+    """What one segment of one trial may do: resume, iterate, report, checkpoint.
+
+    Args:
+        trial: The trial id.
+        start: Resource the scheduler expects the trial to resume from.
+        stop: Resource this segment trains up to.
+        max_resource: The job's maximum resource, for schedules tied to it (§3.6.4).
+        run_id: The trial's MLflow run, where metrics and checkpoints go.
+        tracker: MLflow access.
+        device: Where to train, e.g. ``"cpu"`` or ``"cuda:0"``.
+        gpus: GPUs granted to this segment (``< 1`` means a shared GPU).
+        rank: This process's rank in a data-parallel segment.
+        world_size: Processes in a data-parallel segment.
+    """
+
+    def __init__(
+        self,
+        *,
+        trial: int,
+        start: float,
+        stop: float,
+        max_resource: float,
+        run_id: str,
+        tracker: Tracker,
+        device: str = "cpu",
+        gpus: float = 1.0,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
+        self.trial = trial
+        self.start = start
+        self.stop = stop
+        self.max_resource = max_resource
+        self.run_id = run_id
+        self.device = torch.device(device)
+        self.gpus = gpus
+        self.rank = rank
+        self.world_size = world_size
+        self.resource: float = start
+        self.restored_from: float = 0
+        # (resource, metrics) of every report, and the objects handed to restore().
+        self.reports: list[tuple[float, dict[str, float]]] = []
+        self.objects: dict[str, Any] = {}
+        self._tracker = tracker
+
+    def restore(self, **objects: Any) -> float:
+        """Load the trial's newest checkpoint into ``objects`` (matched by keyword).
+
+        Returns the resource the checkpoint was taken at, or 0 for a fresh trial.
+        """
+        self.objects = objects
+        loaded = self._tracker.load_checkpoint(
+            self.run_id,
+            lambda f: torch.load(f, map_location=self.device, weights_only=True),
+        )
+        if loaded is None:
+            return 0
+        resource, payload = loaded
+        for name, obj in objects.items():
+            if name in payload["state"] and hasattr(obj, "load_state_dict"):
+                obj.load_state_dict(payload["state"][name])
+        self.restored_from = self.resource = resource
+        return resource
+
+    def range(self, start: float | None = None) -> Iterator[int]:
+        """Resource levels ``start+1 .. stop`` (1-based epochs or steps); tracks progress."""
+        begin = self.restored_from if start is None else start
+        for resource in range(math.floor(begin) + 1, math.floor(self.stop) + 1):
+            self.resource = resource
+            yield resource
+
+    def report(self, resource: float | None = None, **metrics: float) -> None:
+        """Log metrics at ``resource`` (default: the current one) to the trial's MLflow run."""
+        step = self.resource if resource is None else resource
+        values = {k: float(v) for k, v in metrics.items()}
+        self.reports.append((step, values))
+        if self.rank == 0:
+            self._tracker.log_metrics(self.run_id, values, round(step))
+
+    def checkpoint(self, **objects: Any) -> None:
+        """Save ``objects`` (anything with ``state_dict()``, or plain values) at the
+        current resource, as an MLflow artifact of the trial's run."""
+        if self.rank != 0:
+            return
+        state = {k: v.state_dict() if hasattr(v, "state_dict") else v for k, v in objects.items()}
+        buffer = io.BytesIO()
+        torch.save({"resource": self.resource, "state": state}, buffer)
+        self._tracker.save_checkpoint(self.run_id, buffer.getvalue(), self.resource)

@@ -1,0 +1,205 @@
+"""MLflow in one place: run naming, tags, batched metrics and checkpoints.
+
+One parent run per job, one nested child run per trial (ARCHITECTURE.md §5 names). Every
+call takes explicit run ids through ``MlflowClient``, so tasks running in threads,
+subprocesses or on remote workers never depend on MLflow's thread-local "active run".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunStatus, RunTag
+
+CHECKPOINTS = "checkpoints"
+
+
+def local_uri(uri: str) -> str:
+    """Make a relative ``sqlite:///path`` absolute (and its folder exist), so that every
+    worker process resolves the same file whatever its working directory."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or uri.startswith(prefix + "/"):
+        return uri
+    path = Path(uri.removeprefix(prefix)).resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return prefix + str(path)
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}``, the shape MLflow params want."""
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    return out
+
+
+class Tracker:
+    """MLflow access for one experiment.
+
+    Args:
+        uri: Tracking URI; a relative SQLite path is made absolute.
+        experiment: Created on first use, with its artifacts beside a SQLite database
+            (MLflow would otherwise write them under the current directory).
+    """
+
+    def __init__(self, uri: str, experiment: str):
+        self.uri = local_uri(uri)
+        self.client = MlflowClient(self.uri)
+        self.experiment = experiment
+        self._experiment_id: str | None = None
+        self.created_experiment = False
+
+    @property
+    def experiment_id(self) -> str:
+        if self._experiment_id is None:
+            found = self.client.get_experiment_by_name(self.experiment)
+            if found is not None:
+                self._experiment_id = found.experiment_id
+            else:
+                location = None
+                if self.uri.startswith("sqlite:///"):
+                    db = Path(self.uri.removeprefix("sqlite:///"))
+                    location = (db.parent / "artifacts").as_uri()
+                self._experiment_id = self.client.create_experiment(
+                    self.experiment, artifact_location=location
+                )
+                self.created_experiment = True
+        return self._experiment_id
+
+    # --- runs ----------------------------------------------------------------------------
+
+    def start_job(self, job_id: str, params: dict[str, str], tags: dict[str, str]) -> str:
+        run = self.client.create_run(
+            self.experiment_id, run_name=job_id, tags={"elastune.job_id": job_id, **tags}
+        )
+        self._log_params(run.info.run_id, params)
+        return run.info.run_id
+
+    def start_trial(
+        self, job_id: str, parent_run_id: str, trial: int, config: dict[str, Any]
+    ) -> str:
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=f"trial-{trial}",
+            tags={
+                "mlflow.parentRunId": parent_run_id,
+                "elastune.job_id": job_id,
+                "elastune.trial": str(trial),
+            },
+        )
+        self._log_params(run.info.run_id, {"trial": str(trial), **flatten(config)})
+        return run.info.run_id
+
+    def _log_params(self, run_id: str, params: dict[str, str]) -> None:
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # MLflow caps a batch at 100 params
+            self.client.log_batch(run_id, params=items[i : i + 100])
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()]
+        )
+
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(
+            run_id, status=RunStatus.to_string(RunStatus.from_string(status))
+        )
+
+    def metric_history(self, run_id: str, metric: str) -> list[tuple[int, float]]:
+        return [(m.step, m.value) for m in self.client.get_metric_history(run_id, metric)]
+
+    # --- checkpoints ---------------------------------------------------------------------
+
+    def save_checkpoint(self, run_id: str, payload: bytes, resource: float) -> None:
+        """Store a checkpoint as ``checkpoints/resource-<r>.pt``.
+
+        One file per resource level, never overwritten: a crash while writing leaves the
+        previous level intact, and :meth:`load_checkpoint` skips a file it cannot read.
+        """
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"resource-{resource:g}.pt"
+            path.write_bytes(payload)
+            self.client.log_artifact(run_id, str(path), CHECKPOINTS)
+
+    def checkpoints(self, run_id: str) -> list[tuple[float, str]]:
+        """(resource, artifact path) of every checkpoint, highest resource first."""
+        found = []
+        for item in self.client.list_artifacts(run_id, CHECKPOINTS):
+            name = Path(item.path).name
+            if name.startswith("resource-") and name.endswith(".pt"):
+                found.append((float(name[len("resource-") : -len(".pt")]), item.path))
+        return sorted(found, reverse=True)
+
+    def load_checkpoint(self, run_id: str, loader: Any) -> tuple[float, Any] | None:
+        """The newest checkpoint ``loader(bytes)`` can read, with its resource; else None."""
+        for resource, artifact in self.checkpoints(run_id):
+            with tempfile.TemporaryDirectory() as tmp:
+                path = self.client.download_artifacts(run_id, artifact, tmp)
+                data = Path(path).read_bytes()
+            # A torn or corrupt file falls back to the previous resource level.
+            with contextlib.suppress(Exception):
+                return resource, loader(io.BytesIO(data))
+        return None
+
+    def copy_checkpoint(self, source_run_id: str, target_run_id: str) -> float | None:
+        """Give ``target`` the newest checkpoint of ``source`` (PBT exploit)."""
+        found = self.checkpoints(source_run_id)
+        if not found:
+            return None
+        resource, artifact = found[0]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = self.client.download_artifacts(source_run_id, artifact, tmp)
+            self.client.log_artifact(target_run_id, path, CHECKPOINTS)
+        return resource
+
+    # --- segment reports (how a remote worker's result reaches the tune flow) ------------
+
+    def save_report(self, run_id: str, name: str, report: dict[str, Any]) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"{name}.json"
+            path.write_text(json.dumps(report))
+            self.client.log_artifact(run_id, str(path), "segments")
+
+    def load_report(self, run_id: str, name: str) -> dict[str, Any] | None:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                path = self.client.download_artifacts(run_id, f"segments/{name}.json", tmp)
+            except Exception:  # MLflow raises its own errors for a missing artifact
+                return None
+            return json.loads(Path(path).read_text())
+
+    # --- rollback of a job that turned out to be bad input --------------------------------
+
+    def purge(self, run_ids: list[str]) -> None:
+        """Delete these runs (and the experiment, if this job created it). On a database
+        store they are deleted for good; a tracking server only marks them deleted."""
+        from mlflow.cli import gc
+
+        for run_id in run_ids:
+            self.client.delete_run(run_id)
+        if self.created_experiment:
+            self.client.delete_experiment(self.experiment_id)
+        if self.uri.startswith(("http://", "https://", "databricks")):
+            return
+        args = ["--backend-store-uri", self.uri, "--tracking-uri", self.uri]
+        args += ["--run-ids", ",".join(run_ids)]
+        if self.created_experiment:
+            args += ["--experiment-ids", self.experiment_id]
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+            gc.main(args, standalone_mode=False)

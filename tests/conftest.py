@@ -1,0 +1,33 @@
+"""Test isolation: Prefect, MLflow and Optuna never touch the user's own stores."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Prefect reads its settings at import, so isolate its home before anything imports it
+# (cache records in $PREFECT_HOME outlive databases: STACK.md §2).
+_HOME = tempfile.mkdtemp(prefix="elastune-prefect-")
+os.environ["PREFECT_HOME"] = _HOME
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+os.environ.pop("PREFECT_API_URL", None)
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> list[str]:
+    """``--set`` arguments that put MLflow and Optuna under ``tmp_path``."""
+    return [
+        "--set",
+        f"tracking.mlflow_uri=sqlite:///{tmp_path}/mlflow.db",
+        "--set",
+        f"tracking.optuna_storage=sqlite:///{tmp_path}/optuna.db",
+    ]

@@ -1,0 +1,111 @@
+"""Bad input: one line on stderr naming the field or file, exit code 2, nothing created."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.cli import main
+
+GOOD = {
+    "name": "bad-input",
+    "trainable": "tests.trainables:quadratic",
+    "metric": "val_accuracy",
+    "mode": "max",
+    "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+    "sampler": {"name": "random", "seed": 0},
+    "scheduler": {"name": "sha", "eta": 3, "min_resource": 1, "max_resource": 3},
+}
+
+
+def edit(path: str, value: object) -> dict:
+    job = yaml.safe_load(yaml.safe_dump(GOOD))
+    *parents, leaf = path.split(".")
+    node = job
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    return job
+
+
+CASES = [
+    ("unknown top-level field", edit("colour", "red"), "colour"),
+    ("unknown nested field", edit("scheduler.etaa", 3), "scheduler.etaa"),
+    ("wrong type", edit("scheduler.eta", "three"), "scheduler.eta"),
+    ("low > high", edit("space.x.low", 2.0), "space.x"),
+    ("log with low <= 0", edit("space.x.log", True), "space.x"),
+    ("eta < 2", edit("scheduler.eta", 1), "scheduler.eta"),
+    ("min > max resource", edit("scheduler.min_resource", 9), "scheduler"),
+    ("unknown sampler", edit("sampler.name", "bayesopt"), "sampler.name"),
+    ("unknown sampler option", edit("sampler.n_startup", 3), "sampler.n_startup"),
+    ("unknown scheduler", edit("scheduler.name", "bohb"), "scheduler"),
+    ("unknown parameter type", edit("space.x.type", "complex"), "space.x"),
+    ("empty space", edit("space", {}), "space"),
+    ("missing metric", {k: v for k, v in GOOD.items() if k != "metric"}, "metric"),
+    ("bad mode", edit("mode", "maximise"), "mode"),
+    ("too few trials for the top rung", edit("scheduler.max_trials", 2), "scheduler.max_trials"),
+    ("grid without step", edit("sampler.name", "grid"), "space.x"),
+    ("malformed trainable", edit("trainable", "tests.trainables.quadratic"), "trainable"),
+    ("unimportable trainable", edit("trainable", "no_such_module:train"), "trainable"),
+    ("missing function", edit("trainable", "tests.trainables:nope"), "trainable"),
+    ("bad deadline", edit("budget", {"deadline": "tomorrow"}), "budget.deadline"),
+    ("zero workers", edit("compute", {"workers": 0}), "compute.workers"),
+    ("bad job name", edit("name", "has spaces"), "name"),
+]
+
+
+def assert_rejected(capsys: pytest.CaptureFixture[str], code: int, field: str, tmp: Path) -> None:
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert field in err, err
+    assert "Traceback" not in err
+    # Nothing created: no MLflow database, no Optuna database.
+    assert not (tmp / "mlflow.db").exists() and not (tmp / "optuna.db").exists()
+
+
+@pytest.mark.parametrize(("why", "job", "field"), CASES, ids=[c[0] for c in CASES])
+def test_bad_job_file(why, job, field, tmp_path, stores, capsys) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert_rejected(capsys, main(["run", str(path), *stores]), field, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [("name: [unclosed", "malformed YAML at line 1"), ("- a list\n- not a mapping", "mapping")],
+)
+def test_malformed_yaml(text, field, tmp_path, stores, capsys) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    assert_rejected(capsys, main(["run", str(path), *stores]), field, tmp_path)
+
+
+def test_missing_job_file(tmp_path, stores, capsys) -> None:
+    code = main(["run", str(tmp_path / "nope.yaml"), *stores])
+    assert_rejected(capsys, code, "nope.yaml", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("scheduler.eta", "--set scheduler.eta"),
+        ("scheduler.eta=[1", "--set scheduler.eta=[1"),
+        ("scheduler.eta=1", "scheduler.eta"),
+        ("name.inner=3", "--set name.inner=3"),
+    ],
+)
+def test_bad_override(override, field, tmp_path, stores, capsys) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    code = main(["run", str(path), "--set", override, *stores])
+    assert_rejected(capsys, code, field, tmp_path)
+
+
+def test_unknown_command_and_option(capsys) -> None:
+    assert main(["fly"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+    assert main(["run", "x.yaml", "--colour"]) == 2
+    assert "--colour" in capsys.readouterr().err

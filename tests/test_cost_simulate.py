@@ -1,0 +1,132 @@
+"""The plan simulator on the worked example of ALGORITHMS.md §5.6 and on hand-worked cases."""
+
+import numpy as np
+import pytest
+
+from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
+from planners.cost.baselines import static_pool
+from planners.cost.catalog import parse_catalog
+from planners.cost.placement import nodes_needed, place
+from planners.cost.profile import Profile
+from planners.cost.simulate import Simulator
+
+# §5.6: 4-GPU nodes at $12.24/h, 3 min to become ready, billed from request; 12 min per
+# epoch on 1 GPU, S = {2: 1.8, 4: 3.2}; SHA with (8, 4, 2) trials training (1, 2, 4) epochs.
+NODE = {"gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}
+PER_SECOND = parse_catalog({"instance_types": {"p3.8xlarge": NODE}})
+HOURLY = parse_catalog(
+    {
+        "instance_types": {
+            "p3.8xlarge": {**NODE, "billing": {"quantum_s": 3600, "min_charge_s": 3600}}
+        }
+    }
+)
+JOB = ((8, 1), (4, 2), (2, 4))
+
+
+def profile(segment_cv: float = 0.0) -> Profile:
+    return Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}, segment_cv=segment_cv)
+
+
+def plan(gpus: tuple[int, int, int]) -> AllocationPlan:
+    stages = []
+    for k, ((trials, epochs), g) in enumerate(zip(JOB, gpus, strict=True)):
+        nodes = nodes_needed((float(g),) * trials, 4)
+        stages.append(StagePlan(0, k, (GpuTier(trials, float(g), epochs),), "p3.8xlarge", nodes))
+    return AllocationPlan((tuple(stages),))
+
+
+@pytest.mark.parametrize(
+    ("gpus", "nodes", "minutes", "dollars"),
+    [
+        ((4, 4, 4), (8, 4, 2), 29.25, 23.26),
+        ((2, 4, 4), (4, 4, 2), 32.17, 20.13),
+        ((4, 2, 4), (8, 2, 2), 35.08, 22.58),
+        ((4, 4, 2), (8, 4, 1), 40.92, None),
+        ((2, 2, 4), (4, 2, 2), 38.00, 19.45),
+        ((2, 4, 2), (4, 4, 1), 43.83, None),
+        ((1, 4, 4), (2, 4, 2), 40.50, 20.81),  # stage 2 waits 3 min for 2 new nodes
+        ((1, 2, 4), (2, 2, 2), 43.33, 17.68),
+    ],
+)
+def test_worked_example_table(gpus, nodes, minutes, dollars) -> None:
+    example = plan(gpus)
+    assert tuple(s.instances for s in example.stages) == nodes
+    outcome = Simulator(PER_SECOND, profile(), samples=5).run(example)
+    assert np.allclose(outcome.jct, outcome.jct[0])  # no noise: every sample agrees
+    assert outcome.jct_q / 60 == pytest.approx(minutes, abs=0.005)
+    if dollars is not None:
+        assert outcome.cost_mean == pytest.approx(dollars, abs=0.005)
+
+
+def test_stragglers_at_ten_percent_per_segment() -> None:
+    simulator = Simulator(PER_SECOND, profile(segment_cv=0.1), samples=4000, seed=1)
+    elastic = simulator.run(plan((2, 4, 4)))
+    fastest = simulator.run(plan((4, 4, 4)))
+    # §5.6: (2,4,4) has mean JCT about 34.7 and p95 about 37.1 min; (4,4,4) p95 about 33.7.
+    assert elastic.jct.mean() / 60 == pytest.approx(34.7, abs=0.15)
+    assert elastic.jct_q / 60 == pytest.approx(37.1, abs=0.25)
+    assert fastest.jct_q / 60 == pytest.approx(33.7, abs=0.25)
+
+
+def test_static_pool_costs_more_per_second_and_the_same_hourly() -> None:
+    per_second = Simulator(PER_SECOND, profile(), samples=3)
+    static = static_pool(per_second, plan((2, 4, 4)), "p3.8xlarge", 4)
+    assert static is not None and static.hold
+    assert per_second.run(static).cost_mean == pytest.approx(26.25, abs=0.005)
+    hourly = Simulator(HOURLY, profile(), samples=3)
+    static = static_pool(hourly, plan((2, 4, 4)), "p3.8xlarge", 4)
+    assert static is not None
+    # Under hourly billing every node pays one hour: elasticity saves nothing.
+    assert hourly.run(plan((2, 4, 4))).cost_mean == pytest.approx(48.96)
+    assert hourly.run(static).cost_mean == pytest.approx(48.96)
+
+
+def test_stage_costs_add_up_to_the_plan_cost() -> None:
+    outcome = Simulator(PER_SECOND, profile(0.1), samples=50).run(plan((1, 4, 4)))
+    assert sum(s.cost for s in outcome.stages) == pytest.approx(outcome.cost_mean)
+    starts = [float(np.median(s.start)) for s in outcome.stages]
+    assert starts == sorted(starts) and starts[0] == pytest.approx(180)
+
+
+def test_waves_when_the_pool_is_smaller_than_the_stage() -> None:
+    # 5 trials of 2 GPUs on one 4-GPU node: 2 slots, 3 waves of 400 s after 180 s startup.
+    stage = StagePlan(0, 0, (GpuTier(5, 2.0, 1),), "p3.8xlarge", 1)
+    outcome = Simulator(PER_SECOND, profile(), samples=2).run(AllocationPlan(((stage,),)))
+    assert outcome.jct_q == pytest.approx(180 + 3 * 400)
+    assert outcome.cost_mean == pytest.approx(12.24 * (180 + 1200) / 3600)
+
+
+def test_placement_co_locates_and_never_splits_a_trial() -> None:
+    placed = place((1.0, 4.0, 2.0, 1.0), 4)
+    assert placed.nodes == 2
+    by_trial = [placed.slots[s] for s in placed.trial_slot]
+    assert by_trial[1].node == 0 and by_trial[1].gpus == 4  # the 4-GPU trial fills a node
+    assert {by_trial[i].node for i in (0, 2, 3)} == {1}  # best fit packs the rest together
+    assert place((0.5,) * 9, 4).nodes == 2  # GPU shares: 8 trials per 4-GPU node
+    with pytest.raises(ValueError, match="does not fit one node"):
+        place((8.0,), 4)
+
+
+def test_common_random_numbers_and_resumed_prefixes() -> None:
+    first = Simulator(PER_SECOND, profile(0.1), samples=64, seed=3)
+    a = first.run(plan((4, 4, 4)))
+    b = first.run(plan((4, 4, 2)))  # resumes after the shared first two stages
+    fresh = Simulator(PER_SECOND, profile(0.1), samples=64, seed=3).run(plan((4, 4, 2)))
+    assert np.array_equal(b.jct, fresh.jct) and np.array_equal(b.cost, fresh.cost)
+    # Same draws for the shared stages: plan b's first two stages end exactly as plan a's.
+    assert np.array_equal(a.stages[1].end, b.stages[1].end)
+    other = Simulator(PER_SECOND, profile(0.1), samples=64, seed=4).run(plan((4, 4, 4)))
+    assert not np.array_equal(a.jct, other.jct)
+
+
+def test_trace_places_every_segment_on_a_live_node() -> None:
+    trace = Simulator(PER_SECOND, profile(), samples=2).trace(plan((1, 4, 4)))
+    assert trace.jct / 60 == pytest.approx(40.5)
+    assert trace.cost == pytest.approx(20.81, abs=0.005)
+    assert len(trace.nodes) == 4 and len(trace.segments) == 14
+    nodes = {n.node: n for n in trace.nodes}
+    for segment in trace.segments:
+        node = nodes[segment.node]
+        assert node.ready <= segment.start < segment.end <= node.released
+        assert segment.offset + segment.gpus <= node.gpus

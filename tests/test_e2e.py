@@ -1,0 +1,158 @@
+"""A tiny job end to end through Prefect (ephemeral server), MLflow (SQLite) and Optuna."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow import MlflowClient
+from optuna.trial import TrialState
+
+from flows.cli import main
+
+pytestmark = pytest.mark.slow
+
+JOB = {
+    "name": "tiny",
+    "trainable": "tests.trainables:quadratic",
+    "metric": "val_accuracy",
+    "mode": "max",
+    "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+    "sampler": {"name": "tpe", "seed": 0},
+    "scheduler": {"name": "sha", "eta": 3, "min_resource": 1, "max_resource": 9},
+    "compute": {"workers": 2},
+}
+
+
+def run_job(tmp_path: Path, stores: list[str], capsys, **changes) -> tuple[int, dict | None, str]:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**JOB, **changes}))
+    code = main(["run", str(path), "--json", *stores])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if out.strip() else None), err
+
+
+def child_runs(tmp_path: Path, parent: str) -> list:
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name(JOB["name"])
+    return client.search_runs(
+        [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent}'", max_results=1000
+    )
+
+
+def test_tiny_job_end_to_end(tmp_path, stores, capsys) -> None:
+    code, summary, err = run_job(tmp_path, stores, capsys)
+    assert code == 0, err
+    assert err.splitlines()[0] == f"job {summary['job_id']}"
+    assert summary["trials"] == 9 and summary["segments"] == 13
+    assert summary["best"]["metric"] > 0.9
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = client.get_run(summary["mlflow_run_id"])
+    assert parent.data.tags["elastune.scheduler"] == "sha"
+    assert parent.data.params["scheduler.eta"] == "3"
+    runs = child_runs(tmp_path, parent.info.run_id)
+    assert len(runs) == 9
+    status = {int(r.data.tags["elastune.trial"]): r.data.tags["elastune.status"] for r in runs}
+    assert sorted(status.values()) == ["complete"] + ["stop"] * 8
+    for run in runs:
+        history = client.get_metric_history(run.info.run_id, "val_accuracy")
+        trained = {
+            m.step: m.value for m in client.get_metric_history(run.info.run_id, "epochs_trained")
+        }
+        steps = sorted(m.step for m in history)
+        reached = {"complete": 9}.get(run.data.tags["elastune.status"])
+        # Every epoch once: a promoted trial resumed where it stopped, never from scratch,
+        # and its restored state had counted exactly the epochs before.
+        assert steps == list(range(1, len(steps) + 1))
+        assert all(trained[s] == s for s in steps)
+        if reached:
+            assert steps[-1] == reached
+            assert run.data.tags.get("elastune.best") == "true"
+    # 3 trials were promoted from rung 0: each checkpoint level exists once.
+    best_run = next(r for r in runs if r.data.tags["elastune.status"] == "complete")
+    levels = sorted(a.path for a in client.list_artifacts(best_run.info.run_id, "checkpoints"))
+    assert len(levels) == 9
+    (version,) = client.search_model_versions("name = 'tiny'")
+    assert version.run_id == best_run.info.run_id
+
+    study = optuna.load_study(study_name=summary["job_id"], storage=summary["optuna_storage"])
+    states = [t.state for t in study.trials]
+    assert states.count(TrialState.COMPLETE) == 1 and states.count(TrialState.PRUNED) == 8
+    assert study.best_trial.value == pytest.approx(summary["best"]["metric"])
+    assert sorted(study.best_trial.intermediate_values) == list(range(1, 10))
+
+    from prefect.artifacts import Artifact
+
+    board = Artifact.get(f"{summary['job_id']}-leaderboard")
+    assert board is not None and board.type == "table"
+    assert Artifact.get(f"{summary['job_id']}-plan").type == "markdown"
+
+
+def test_failing_and_nan_trials_are_marked_failed_and_the_job_goes_on(
+    tmp_path, stores, capsys
+) -> None:
+    for trainable, reason in [("flaky", "diverged"), ("nan_for_small_x", "is nan")]:
+        code, summary, err = run_job(
+            tmp_path,
+            stores,
+            capsys,
+            trainable=f"tests.trainables:{trainable}",
+            sampler={"name": "random", "seed": 1},
+        )
+        assert code == 0, err
+        runs = child_runs(tmp_path, summary["mlflow_run_id"])
+        failed = [r for r in runs if r.info.status == "FAILED"]
+        assert failed, "the seed must draw some x < 0.3"
+        assert all(reason in r.data.tags["elastune.error"] for r in failed)
+        assert all(r.data.tags["elastune.status"] == "fail" for r in failed)
+        study = optuna.load_study(study_name=summary["job_id"], storage=summary["optuna_storage"])
+        assert sum(t.state is TrialState.FAIL for t in study.trials) == len(failed)
+        assert summary["best"] is not None
+
+
+def test_metric_never_reported_is_bad_input_and_leaves_nothing(tmp_path, stores, capsys) -> None:
+    code, summary, err = run_job(
+        tmp_path, stores, capsys, trainable="tests.trainables:wrong_metric"
+    )
+    assert code == 2 and summary is None
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: metric:") and "'val_accuracy'" in last and "accuracy" in last
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    assert client.get_experiment_by_name("tiny") is None
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    assert client.search_runs(experiments) == []
+    assert optuna.get_all_study_names(f"sqlite:///{tmp_path}/optuna.db") == []
+
+
+def test_cli_process_prints_only_json_on_stdout(tmp_path, stores) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**JOB, "scheduler": {**JOB["scheduler"], "max_resource": 3}}))
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", str(path), "--json", *stores],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert done.stdout.count("\n") == 1
+    assert done.stderr.splitlines()[0] == f"job {summary['job_id']}"
+    assert set(summary) == {
+        "job_id",
+        "best",
+        "trials",
+        "segments",
+        "wall_seconds",
+        "mlflow_run_id",
+        "optuna_storage",
+    }

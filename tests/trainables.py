@@ -1,0 +1,41 @@
+"""Tiny trainables for tests: fast, deterministic, and each with one way to misbehave."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tasks.context import TrialContext
+
+
+def quadratic(config: dict, ctx: TrialContext) -> None:
+    """Accuracy rises with epochs towards 1 - (x - 0.7)^2; its state counts epochs trained."""
+    state = torch.nn.Linear(1, 1)
+    with torch.no_grad():
+        state.bias.zero_()
+    start = ctx.restore(model=state)
+    for epoch in ctx.range(start):
+        with torch.no_grad():
+            state.bias += 1.0  # counts every epoch this trial ever trained
+        ceiling = 1 - (config["x"] - 0.7) ** 2
+        ctx.report(val_accuracy=ceiling * (1 - 0.5**epoch), epochs_trained=state.bias.item())
+        ctx.checkpoint(model=state)
+
+
+def flaky(config: dict, ctx: TrialContext) -> None:
+    """Raises for small x; otherwise as :func:`quadratic`."""
+    if config["x"] < 0.3:
+        raise RuntimeError(f"diverged at x={config['x']:.3f}")
+    quadratic(config, ctx)
+
+
+def nan_for_small_x(config: dict, ctx: TrialContext) -> None:
+    start = ctx.restore()
+    for _ in ctx.range(start):
+        ctx.report(val_accuracy=math.nan if config["x"] < 0.3 else config["x"])
+
+
+def wrong_metric(config: dict, ctx: TrialContext) -> None:
+    for _ in ctx.range(ctx.restore()):
+        ctx.report(accuracy=0.5)
