@@ -151,6 +151,9 @@ class _LightTrial:
     def report(self, value: float, step: int) -> None:
         """The fast path keeps no intermediate values."""
 
+    def set_user_attr(self, key: str, value: Any) -> None:
+        """Nor attributes."""
+
 
 class _LightStudy:
     """The part of ``optuna.Study`` that TuningLoop uses, without storage (fast path)."""
@@ -159,6 +162,9 @@ class _LightStudy:
         self.direction = direction
         self._propose = propose
         self._asked = 0
+
+    def get_trials(self, deepcopy: bool = True) -> list[Any]:
+        return []  # a fresh run: nothing to resume
 
     def ask(self, fixed_distributions: Mapping[str, BaseDistribution]) -> _LightTrial:
         trial = _LightTrial(self._asked, self._propose(self._asked))
@@ -319,6 +325,12 @@ def simulate(
     started = time.perf_counter()
     if benchmark.table is not None and not replace:
         spec = fit_to_table(spec, len(benchmark.table))
+    # TuningLoop reseeds the job's sampler for every trial from ``sampler.seed``: give it this
+    # run's seed, or None where the study's own sampler must stay (a table, a sampler passed
+    # in, the fast path).
+    keep = benchmark.table is not None or sampler is not None or fast
+    sampler_spec = spec.sampler.model_copy(update={"seed": None if keep else seed})
+    spec = spec.model_copy(update={"sampler": sampler_spec})
     loop = TuningLoop(
         spec,
         _study(spec, benchmark, seed, not fast, replace, sampler),

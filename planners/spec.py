@@ -28,6 +28,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from planners.geometry import floor_log
@@ -143,7 +144,8 @@ class SamplerSpec(BaseModel):
 class _Ladder(_Strict):
     eta: int = Field(default=3, ge=2)
     min_resource: float = Field(default=1, gt=0)
-    max_resource: float = Field(default=27, gt=0)
+    # validate_default: min_resource above the default max_resource must be caught too.
+    max_resource: float = Field(default=27, gt=0, validate_default=True)
 
     @field_validator("max_resource")
     @classmethod
@@ -196,10 +198,9 @@ class AshaSpec(_Ladder):
     @field_validator("brackets")
     @classmethod
     def _brackets(cls, value: int, info: ValidationInfo) -> int:
-        ladder = [info.data.get(k) for k in ("eta", "min_resource", "max_resource")]
-        if None in ladder or ladder[1] > ladder[2]:
+        eta, low, high = (info.data.get(k) for k in ("eta", "min_resource", "max_resource"))
+        if None in (eta, low, high):
             return value  # the ladder itself is invalid; that error is reported instead
-        eta, low, high = ladder
         rungs = floor_log(high / low, eta) + 1
         if value > rungs:
             raise ValueError(
@@ -222,20 +223,24 @@ class MedianSpec(_Strict):
 
     name: Literal["median"]
     min_resource: float = Field(default=1, gt=0)
-    max_resource: float = Field(default=27, gt=0)
+    max_resource: float = Field(default=27, gt=0, validate_default=True)
     interval: float | None = Field(default=None, gt=0)
     grace_period: float | None = Field(default=None, ge=0)
     min_samples_required: int = Field(default=3, ge=1)
     max_trials: int | None = Field(default=81, ge=1)
 
-    @model_validator(mode="after")
-    def _range(self) -> MedianSpec:
-        if self.min_resource > self.max_resource:
-            raise ValueError(
-                f"min_resource ({self.min_resource}) must not exceed "
-                f"max_resource ({self.max_resource})"
-            )
-        return self
+    @field_validator("max_resource")
+    @classmethod
+    def _range(cls, max_resource: float, info: ValidationInfo) -> float:
+        return _Ladder._ladder(max_resource, info)
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, interval: float | None, info: ValidationInfo) -> float | None:
+        high = info.data.get("max_resource")
+        if interval is not None and high is not None and interval > high:
+            raise ValueError(f"must not exceed max_resource ({high}), got {interval}")
+        return interval
 
 
 class PbtSpec(_Strict):
@@ -248,14 +253,13 @@ class PbtSpec(_Strict):
     quantile_fraction: float = Field(default=0.25, gt=0, le=0.5)
     resample_probability: float = Field(default=0.25, ge=0, le=1)
 
-    @model_validator(mode="after")
-    def _interval(self) -> PbtSpec:
-        if self.perturbation_interval > self.max_resource:
-            raise ValueError(
-                f"perturbation_interval ({self.perturbation_interval}) must not exceed "
-                f"max_resource ({self.max_resource})"
-            )
-        return self
+    @field_validator("perturbation_interval")
+    @classmethod
+    def _interval(cls, interval: float, info: ValidationInfo) -> float:
+        high = info.data.get("max_resource")
+        if high is not None and interval > high:
+            raise ValueError(f"must not exceed max_resource ({high}), got {interval}")
+        return interval
 
 
 SchedulerSpec = Annotated[

@@ -245,7 +245,8 @@ def test_constructor_rejects_bad_options(kwargs, message):
     [
         ({"name": "asha", "eta": 1}, "scheduler.eta"),
         ({"name": "asha", "max_resource": 27, "brackets": 5}, "scheduler.brackets"),
-        ({"name": "asha", "min_resource": 9, "max_resource": 3}, "scheduler: min_resource"),
+        ({"name": "asha", "min_resource": 9, "max_resource": 3}, "scheduler.max_resource"),
+        ({"name": "asha", "min_resource": 30}, "scheduler.max_resource: .* below min_resource"),
     ],
 )
 def test_job_file_errors_name_the_field(scheduler, field):

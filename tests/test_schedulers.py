@@ -295,7 +295,9 @@ def test_make_scheduler_builds_every_kind(scheduler, kind):
     [
         ({"name": "pbt", "population_size": 1}, "scheduler.population_size"),
         ({"name": "pbt", "quantile_fraction": 0.75}, "scheduler.quantile_fraction"),
-        ({"name": "pbt", "perturbation_interval": 99}, "scheduler: perturbation_interval"),
+        ({"name": "pbt", "perturbation_interval": 99}, "scheduler.perturbation_interval"),
+        ({"name": "median", "interval": 99}, "scheduler.interval"),
+        ({"name": "median", "min_resource": 30}, "scheduler.max_resource"),
         ({"name": "median", "min_samples_required": 0}, "scheduler.min_samples_required"),
         ({"name": "random", "max_trials": 0}, "scheduler.max_trials"),
         ({"name": "bohb"}, "scheduler"),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 
-import optuna
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 from planners.lcbench import LCBenchSurrogate, LCBenchTable, data_dir
 from planners.schedulers.base import Action, Decision, Result, Scheduler, Segment
 from planners.schedulers.fifo import Fifo
-from planners.simulator import Curve, RowDraw, simulate, simulate_job
+from planners.simulator import Curve, RowDraw, TableSampler, simulate, simulate_job
 from planners.spec import SpecError, parse_job
 
 SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
@@ -102,10 +101,10 @@ def test_fast_path_equals_the_optuna_path_when_a_table_draws_the_configs():
 
 def test_a_sampler_can_replace_the_jobs_own():
     spec = job({"name": "random", "max_resource": 9, "max_trials": 6})
-    own = simulate(spec, Toy(), workers=2, seed=7).to_dict()
-    given = simulate(spec, Toy(), 2, seed=0, sampler=optuna.samplers.RandomSampler(seed=7))
-    assert {**given.to_dict(), "seed": 7} == own
-    assert simulate(spec, Toy(), workers=2, seed=0).to_dict()["anytime"] != own["anytime"]
+    fixed = TableSampler(({"x": 0.25},), RowDraw(1, 0, replace=True))
+    run = simulate(spec, Toy(), workers=2, seed=0, sampler=fixed)
+    assert run.final_best == pytest.approx(0.25) and run.best_trial["config"] == {"x": 0.25}
+    assert simulate(spec, Toy(), workers=2, seed=0).final_best != pytest.approx(0.25)
 
 
 @settings(max_examples=15, deadline=None)
