@@ -100,7 +100,7 @@ class TuningLoop:
         self._reported: dict[int, set[int]] = {}
         self._finished: set[int] = set()
         self._handed_out: list[Segment] = []  # since the last journal record
-        self._in_flight: dict[tuple[int, float], Segment] = {}
+        self._in_flight: dict[int, Segment] = {}  # a trial runs one segment at a time
         self._stored = {
             t.user_attrs[TRIAL_ATTR]: t
             for t in study.get_trials(deepcopy=False)
@@ -120,7 +120,7 @@ class TuningLoop:
             self.configs[job.trial] = dict(job.config)
         self.running += 1
         self._handed_out.append(job)
-        self._in_flight[(job.trial, job.stop)] = job
+        self._in_flight[job.trial] = job
         return job
 
     def _open(self, trial_id: int) -> None:
@@ -136,7 +136,9 @@ class TuningLoop:
             if seed is not None and self.spec.sampler.name != "qmc":
                 # A sampler per trial, seeded by (seed, trial): sampling does not depend on
                 # how many draws came before, so a resumed job draws the same configurations.
-                self.study.sampler = make_sampler(self.spec, seed=seed * 1_000_003 + trial_id)
+                # Modulo 2**32: numpy rejects larger seeds (sampler.seed >= 4295 did).
+                trial_seed = (seed * 1_000_003 + trial_id) % 2**32
+                self.study.sampler = make_sampler(self.spec, seed=trial_seed)
             trial = self.study.ask(self._distributions)
             trial.set_user_attr(TRIAL_ATTR, trial_id)
             params = trial.params
@@ -162,7 +164,7 @@ class TuningLoop:
 
     def _apply(self, result: Result) -> list[Decision]:
         self.running -= 1
-        self._in_flight = {k: v for k, v in self._in_flight.items() if k[0] != result.trial}
+        self._in_flight.pop(result.trial, None)  # O(1): 500 workers x 100,000 trials
         if not result.failed and not math.isfinite(result.loss):
             result = Result(result.trial, result.resource, result.loss, True, result.history)
         if result.trial not in self._finished:
@@ -204,11 +206,12 @@ class TuningLoop:
     def finish(self) -> list[Decision]:
         """The job is over: stop whatever still waits, and close every Optuna trial."""
         decisions = self.scheduler.finish()
+        settled = {d.trial for d in decisions}  # built once: O(n) at 100,000 trials, not O(n^2)
         leftover = [
             Decision(t, Action.STOP, -1)
             for t in self._trials
             if self.states.get(t) not in (Action.STOP, Action.COMPLETE, Action.FAIL)
-            and t not in {d.trial for d in decisions}
+            and t not in settled
         ]
         self._settle(decisions + leftover)
         return decisions + leftover

@@ -119,7 +119,8 @@ class SamplerSpec(BaseModel):
 class _Ladder(_Strict):
     eta: int = Field(default=3, ge=2)
     min_resource: float = Field(default=1, gt=0)
-    max_resource: float = Field(default=27, gt=0)
+    # validate_default: min_resource above the default max_resource must be caught too.
+    max_resource: float = Field(default=27, gt=0, validate_default=True)
 
     @field_validator("max_resource")
     @classmethod
@@ -159,7 +160,87 @@ class HyperbandSpec(_Ladder):
     name: Literal["hyperband"]
 
 
-SchedulerSpec = Annotated[ShaSpec | HyperbandSpec, Field(discriminator="name")]
+class AshaSpec(_Ladder):
+    """Asynchronous successive halving with promotion (§3); ``brackets > 1`` is asynchronous
+    Hyperband over the ``brackets`` most aggressive rates (§3.4). ``max_trials: null`` starts
+    new trials until the deadline."""
+
+    name: Literal["asha"]
+    max_trials: int | None = Field(default=81, ge=1)
+    brackets: int = Field(default=1, ge=1)
+    bootstrap_count: int = Field(default=0, ge=0)
+
+    @field_validator("brackets")
+    @classmethod
+    def _brackets(cls, value: int, info: ValidationInfo) -> int:
+        eta, low, high = (info.data.get(k) for k in ("eta", "min_resource", "max_resource"))
+        if None in (eta, low, high):
+            return value  # the ladder itself is invalid; that error is reported instead
+        rungs = floor_log(high / low, eta) + 1
+        if value > rungs:
+            raise ValueError(
+                f"{value} brackets but the ladder {low:g}..{high:g} at eta={eta} has only "
+                f"{rungs} rungs (at most one bracket per rung)"
+            )
+        return value
+
+
+class FifoSpec(_Strict):
+    """Random search in arrival order: every trial trains straight to ``max_resource``."""
+
+    name: Literal["random", "fifo"]
+    max_resource: float = Field(default=27, gt=0)
+    max_trials: int | None = Field(default=81, ge=1)
+
+
+class MedianSpec(_Strict):
+    """Median stopping rule (§7.2): segments of ``interval`` (default ``min_resource``)."""
+
+    name: Literal["median"]
+    min_resource: float = Field(default=1, gt=0)
+    max_resource: float = Field(default=27, gt=0, validate_default=True)
+    interval: float | None = Field(default=None, gt=0)
+    grace_period: float | None = Field(default=None, ge=0)
+    min_samples_required: int = Field(default=3, ge=1)
+    max_trials: int | None = Field(default=81, ge=1)
+
+    @field_validator("max_resource")
+    @classmethod
+    def _range(cls, max_resource: float, info: ValidationInfo) -> float:
+        return _Ladder._ladder(max_resource, info)
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, interval: float | None, info: ValidationInfo) -> float | None:
+        high = info.data.get("max_resource")
+        if interval is not None and high is not None and interval > high:
+            raise ValueError(f"must not exceed max_resource ({high}), got {interval}")
+        return interval
+
+
+class PbtSpec(_Strict):
+    """Population-based training (§7.3), asynchronous; needs checkpoints to copy."""
+
+    name: Literal["pbt"]
+    max_resource: float = Field(default=27, gt=0)
+    perturbation_interval: float = Field(default=3, gt=0)
+    population_size: int = Field(default=8, ge=2)
+    quantile_fraction: float = Field(default=0.25, gt=0, le=0.5)
+    resample_probability: float = Field(default=0.25, ge=0, le=1)
+
+    @field_validator("perturbation_interval")
+    @classmethod
+    def _interval(cls, interval: float, info: ValidationInfo) -> float:
+        high = info.data.get("max_resource")
+        if high is not None and interval > high:
+            raise ValueError(f"must not exceed max_resource ({high}), got {interval}")
+        return interval
+
+
+SchedulerSpec = Annotated[
+    ShaSpec | HyperbandSpec | AshaSpec | FifoSpec | MedianSpec | PbtSpec,
+    Field(discriminator="name"),
+]
 
 
 # --- budget, compute, tracking ------------------------------------------------------------
@@ -289,6 +370,7 @@ def _format_error(error: ValidationError, source: str) -> str:
     first = error.errors()[0]
     # Drop pydantic's union tags ("float", "sha") so the path reads like the YAML.
     tags = {"float", "int", "categorical", "sha", "hyperband", "function-after"}
+    tags |= {"asha", "random", "fifo", "median", "pbt"}
     path = ".".join(str(p) for p in first["loc"] if str(p) not in tags) or "<root>"
     message = first["msg"].removeprefix("Value error, ")
     return f"{source}: {path}: {message}"
