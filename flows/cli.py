@@ -89,10 +89,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _finish(job_id, lambda: tune(args.job, _overrides(args), job_id), args.json)
 
 
-def _finish(job_id: str, run: Callable[[], dict[str, Any]], as_json: bool) -> int:
+def _quiet_optuna() -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _finish(job_id: str, run: Callable[[], dict[str, Any]], as_json: bool) -> int:
+    _quiet_optuna()
     try:
         summary = run()
     except (SpecError, InfraError):
@@ -145,6 +149,20 @@ def _print_plan(report: Any) -> None:
         console.print(line, highlight=False)
 
 
+# --- simulate ---------------------------------------------------------------------------
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    spec = _load(args)
+    from planners.simulator import format_report, simulate_job
+
+    _quiet_optuna()
+    workers = spec.compute.workers if args.workers is None else args.workers
+    report = simulate_job(spec, args.benchmark, workers, args.seeds)
+    _emit(report, args.json, lambda r: print(format_report(r)))
+    return 0
+
+
 # --- parser -------------------------------------------------------------------------------
 
 
@@ -167,6 +185,20 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--planner", choices=("rubberband", "seer"), default="rubberband")
     plan.add_argument("--catalog", metavar="FILE.yaml", help="your own instance catalog")
     plan.set_defaults(handler=cmd_plan)
+
+    sim = commands.add_parser("simulate", help="run the job in simulated time on a benchmark")
+    sim.add_argument("job", help="job file (YAML)")
+    sim.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    sim.add_argument(
+        "--benchmark",
+        required=True,
+        metavar="NAME",
+        help="lcbench:TASK_ID (surrogate, any config) or lcbench-table:TASK_ID (1000 configs)",
+    )
+    sim.add_argument("--workers", type=int, help="virtual workers (default compute.workers)")
+    sim.add_argument("--seeds", type=int, default=1, help="independent runs")
+    sim.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    sim.set_defaults(handler=cmd_simulate)
 
     again = commands.add_parser("resume", help="continue a job whose driver died")
     again.add_argument("job_id", help="the id printed as `job <ID>`")

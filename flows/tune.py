@@ -13,6 +13,7 @@ whose driver died and carries on, re-running no finished segment.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import re
 import time
@@ -35,7 +36,7 @@ from flows.progress import JobProgress
 from infra.sizing import InfraError, publish_sizing
 from planners.cost import plan_job
 from planners.loop import StudyJournal, TuningLoop
-from planners.plan import Plan, allocate, compile_plan
+from planners.plan import Plan, Stage, allocate, compile_plan, is_staged
 from planners.schedulers.base import Action, Decision, Segment, rank_key
 from planners.space import make_sampler
 from planners.spec import JobSpec, SpecError, load_job, parse_job
@@ -71,7 +72,7 @@ class Job:
         study: optuna.Study,
         tracker: Tracker,
         parent: str,
-        plan: Plan,
+        plan: Plan | None,
     ):
         self.spec = spec
         self.job_id = job_id
@@ -98,7 +99,7 @@ class Job:
         self._metric_seen = False
 
     @classmethod
-    def create(cls, spec: JobSpec, job_id: str, plan: Plan, pool: PoolTarget | None) -> Job:
+    def create(cls, spec: JobSpec, job_id: str, plan: Plan | None, pool: PoolTarget | None) -> Job:
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
         study = optuna.create_study(
             study_name=job_id,
@@ -146,11 +147,12 @@ class Job:
         if segment.clone_from is not None:
             self.tracker.copy_checkpoint(self.runs[segment.clone_from], run_id)
         config = self.loop.configs[segment.trial]
-        stage = self.plan.stage(segment.bracket, segment.rung)
-        segment = replace(segment, gpus=stage.gpus_per_trial)
+        stage = self.stage_of(segment)
+        if stage is not None:
+            segment = replace(segment, gpus=stage.gpus_per_trial)
         if self.pool is None:
             return train_segment.submit(self.ref, segment, config, run_id)
-        variables = self.pool.job_variables(stage.gpus_per_trial, stage.instance_type)
+        variables = self.pool.job_variables(segment.gpus, stage and stage.instance_type)
         return launch_segment.submit(
             self.pool.deployment, self.ref, segment, config, run_id, variables
         )
@@ -200,9 +202,18 @@ class Job:
         elif decision.action is Action.FAIL:
             self.tracker.end_run(run_id, "FAILED")
 
-    def stage_done(self, segment: Segment) -> bool:
+    def stage_of(self, segment: Segment) -> Stage | None:
+        """The segment's stage in the staged plan; None for asynchronous schedulers."""
+        return None if self.plan is None else self.plan.stage(segment.bracket, segment.rung)
+
+    def stage_done(self, segment: Segment, decisions: list[Decision]) -> bool:
+        """Time for a leaderboard: a stage finished, or (asynchronous schedulers, which have
+        no stages) a trial completed."""
+        stage = self.stage_of(segment)
+        if stage is None:
+            return any(d.action is Action.COMPLETE for d in decisions)
         key = (segment.bracket, segment.rung)
-        done = self._stage_results.get(key, 0) == self.plan.stage(*key).trials
+        done = self._stage_results.get(key, 0) == stage.trials
         if done:
             self._active.discard(key)
         return done
@@ -210,15 +221,15 @@ class Job:
     def may_start(self, segment: Segment, running: list[Segment]) -> bool:
         """A planned job caps each stage at its planned concurrency; otherwise the job
         runs at most ``compute.workers`` segments at once."""
-        stage = self.plan.stage(segment.bracket, segment.rung)
-        if stage.slots is None:
+        stage = self.stage_of(segment)
+        if stage is None or stage.slots is None:
             return len(running) < self.spec.compute.workers
         same = sum((s.bracket, s.rung) == (segment.bracket, segment.rung) for s in running)
         return same < stage.slots
 
     def may_start_any(self, running: list[Segment]) -> bool:
         """Is there room for one more segment of some stage?"""
-        if all(stage.slots is None for stage in self.plan.stages):
+        if self.plan is None or all(stage.slots is None for stage in self.plan.stages):
             return len(running) < self.spec.compute.workers
         return len(running) < sum(stage.slots or 0 for stage in self.plan.stages)
 
@@ -228,6 +239,12 @@ class Job:
         """Before segments of a new stage start, size the pool for the stages now active:
         their segments, at most ``compute.workers`` at once."""
         if self.pool is None:
+            return
+        if self.plan is None:  # asynchronous: one size, compute.workers, for the whole job
+            if not self._sized:
+                self.pool.backend.size(self.spec.scheduler.name, self.spec.compute.workers)
+                self.pool.backend.wait_ready(timeout=600)
+                self._sized = self.spec.scheduler.name
             return
         self._active |= {(s.bracket, s.rung) for s in starting}
         stages = [self.plan.stage(*key) for key in sorted(self._active)]
@@ -323,6 +340,10 @@ def register_best(
         get_run_logger().warning("trainable passes no model= to ctx.restore; nothing registered")
         return
     mlflow.set_tracking_uri(tracker.uri)
+    # Pickle is chosen on purpose (pt2 would need an input example and returns a GraphModule,
+    # STACK.md §4), so MLflow's warning about it is noise here.
+    quiet = logging.getLogger("mlflow.pytorch")
+    level, quiet.level = quiet.level, logging.ERROR
     with mlflow.start_run(run_id=run_id):
         mlflow.pytorch.log_model(
             model,
@@ -331,11 +352,15 @@ def register_best(
             registered_model_name=spec.name,
             pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
         )
+    quiet.setLevel(level)
 
 
-def plan_for(spec: JobSpec) -> Plan:
-    """The staged plan; with a deadline or budget and a profile, the cost planner sets each
-    stage's GPUs per trial, concurrency and instance type (an infeasible one is bad input)."""
+def plan_for(spec: JobSpec) -> Plan | None:
+    """The staged plan (None for asynchronous schedulers); with a deadline or budget and a
+    profile, the cost planner sets each stage's GPUs per trial, concurrency and instance type
+    (an infeasible plan is bad input)."""
+    if not is_staged(spec):
+        return None
     plan = compile_plan(spec)
     if spec.profile is None or (spec.budget.deadline is None and spec.budget.max_cost_usd is None):
         return plan
@@ -381,6 +406,23 @@ def bad_input_fails_the_run() -> Iterator[_Outcome]:
         outcome.value = Failed(message=str(exc), data=exc)
 
 
+def describe(job: Job) -> str:
+    """The plan artifact: the staged DAG, or the rung ladder of an asynchronous scheduler."""
+    title = f"# Plan of {job.job_id}\n\n"
+    if job.plan is None:
+        scheduler = job.spec.scheduler
+        ladder = getattr(scheduler, "max_resource", None)
+        return (
+            f"{title}Asynchronous `{scheduler.name}`: no stages; a new segment starts whenever "
+            f"one of {job.spec.compute.workers} workers is free"
+            + (f", up to resource {ladder:g}." if ladder else ".")
+        )
+    return (
+        f"{title}{job.plan.to_markdown()}\n\n{job.plan.trials} trials, "
+        f"{job.plan.segments} segments, {job.spec.compute.workers} workers."
+    )
+
+
 def drive(job: Job) -> dict[str, Any]:
     """Run a job's segments until its scheduler has nothing left; returns the summary."""
     spec, job_id = job.spec, job.job_id
@@ -389,10 +431,8 @@ def drive(job: Job) -> dict[str, Any]:
     torch.set_num_threads(max(1, torch.get_num_threads() // spec.compute.workers))
     create_markdown_artifact(
         key=artifact_key(job_id, "plan"),
-        markdown=f"# Plan of {job_id}\n\n{job.plan.to_markdown()}\n\n"
-        f"{job.plan.trials} trials, {job.plan.segments} segments, "
-        f"{spec.compute.workers} workers.",
-        description=f"staged plan of {job_id}",
+        markdown=describe(job),
+        description=f"plan of {job_id}",
     )
     running: dict[PrefectFuture[SegmentReport], Segment] = {}
     # Segments in flight when a driver died: finished ones have their report in MLflow.
@@ -404,7 +444,8 @@ def drive(job: Job) -> dict[str, Any]:
             job.record(segment, SegmentReport.from_dict(saved))
     pool = job.pool.backend if job.pool is not None else contextlib.nullcontext()
     try:
-        with pool, JobProgress(spec.metric, job.plan.segments) as progress:
+        total = None if job.plan is None else job.plan.segments
+        with pool, JobProgress(spec.metric, total) as progress:
             while True:
                 starting: list[Segment] = []
                 busy = list(running.values())
@@ -433,10 +474,10 @@ def drive(job: Job) -> dict[str, Any]:
                     report = future.result()
                 except WorkerLost as exc:
                     report = lost(segment, exc)
-                job.record(segment, report)
+                decisions = job.record(segment, report)
                 stage = f"stage b{segment.bracket}-r{segment.rung}"
                 progress.update(stage, job.best_metric())
-                if job.stage_done(segment):
+                if job.stage_done(segment, decisions):
                     create_table_artifact(
                         key=artifact_key(job_id, "leaderboard"),
                         table=job.leaderboard(),

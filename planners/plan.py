@@ -109,6 +109,11 @@ def sha_trials(spec: ShaSpec) -> int:
     return spec.eta ** floor_log(spec.max_resource / spec.min_resource, spec.eta)
 
 
+def is_staged(spec: JobSpec) -> bool:
+    """Synchronous schedulers compile to a staged plan; asynchronous ones unroll at run time."""
+    return isinstance(spec.scheduler, ShaSpec | HyperbandSpec)
+
+
 def brackets(spec: JobSpec) -> list[Bracket]:
     s = spec.scheduler
     if isinstance(s, ShaSpec):

@@ -46,6 +46,16 @@ def child_runs(tmp_path: Path, parent: str) -> list:
     )
 
 
+def assert_resumed_never_restarted(client: MlflowClient, run_id: str) -> list[int]:
+    """Every epoch logged once: a promoted trial resumed where it stopped, never from
+    scratch, and its restored state had counted exactly the epochs before."""
+    steps = sorted(m.step for m in client.get_metric_history(run_id, "val_accuracy"))
+    trained = {m.step: m.value for m in client.get_metric_history(run_id, "epochs_trained")}
+    assert steps == list(range(1, len(steps) + 1))
+    assert all(trained[s] == s for s in steps)
+    return steps
+
+
 def test_tiny_job_end_to_end(tmp_path, stores, capsys) -> None:
     code, summary, err = run_job(tmp_path, stores, capsys)
     assert code == 0, err
@@ -62,18 +72,9 @@ def test_tiny_job_end_to_end(tmp_path, stores, capsys) -> None:
     status = {int(r.data.tags["elastune.trial"]): r.data.tags["elastune.status"] for r in runs}
     assert sorted(status.values()) == ["complete"] + ["stop"] * 8
     for run in runs:
-        history = client.get_metric_history(run.info.run_id, "val_accuracy")
-        trained = {
-            m.step: m.value for m in client.get_metric_history(run.info.run_id, "epochs_trained")
-        }
-        steps = sorted(m.step for m in history)
-        reached = {"complete": 9}.get(run.data.tags["elastune.status"])
-        # Every epoch once: a promoted trial resumed where it stopped, never from scratch,
-        # and its restored state had counted exactly the epochs before.
-        assert steps == list(range(1, len(steps) + 1))
-        assert all(trained[s] == s for s in steps)
-        if reached:
-            assert steps[-1] == reached
+        steps = assert_resumed_never_restarted(client, run.info.run_id)
+        if run.data.tags["elastune.status"] == "complete":
+            assert steps[-1] == 9
             assert run.data.tags.get("elastune.best") == "true"
     # 3 trials were promoted from rung 0: each checkpoint level exists once.
     best_run = next(r for r in runs if r.data.tags["elastune.status"] == "complete")
@@ -93,6 +94,17 @@ def test_tiny_job_end_to_end(tmp_path, stores, capsys) -> None:
     board = Artifact.get(f"{summary['job_id']}-leaderboard")
     assert board is not None and board.type == "table"
     assert Artifact.get(f"{summary['job_id']}-plan").type == "markdown"
+
+
+def test_asha_promotes_by_resuming_from_checkpoints(tmp_path, stores, capsys) -> None:
+    scheduler = {"name": "asha", "eta": 3, "min_resource": 1, "max_resource": 9, "max_trials": 12}
+    code, summary, err = run_job(tmp_path, stores, capsys, scheduler=scheduler)
+    assert code == 0, err
+    assert summary["trials"] == 12 and summary["segments"] > 12  # some were promoted
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = child_runs(tmp_path, summary["mlflow_run_id"])
+    reached = [assert_resumed_never_restarted(client, r.info.run_id)[-1] for r in runs]
+    assert max(reached) == 9 and reached.count(1) < len(reached)
 
 
 def test_failing_and_nan_trials_are_marked_failed_and_the_job_goes_on(
