@@ -167,4 +167,6 @@ def test_cli_process_prints_only_json_on_stdout(tmp_path, stores) -> None:
         "wall_seconds",
         "mlflow_run_id",
         "optuna_storage",
+        "model",
     }
+    assert summary["model"]["version"] == "1" and summary["model"]["previous"] is None
