@@ -17,8 +17,7 @@ chain are cached: a planner that changes one stage re-simulates one chain.
 Example (ALGORITHMS.md §5.6, plan (4,4,4)):
     >>> from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
     >>> from planners.cost.catalog import parse_catalog
-    >>> from planners.cost.profile import Profile
-    >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
+    >>>     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
     >>> profile = Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2})
     >>> chain = tuple(StagePlan(0, k, (GpuTier(n, 4.0, r),), "p3.8xlarge", n)
@@ -39,8 +38,8 @@ from numpy.typing import NDArray
 
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, InstanceType
-from planners.cost.placement import Placement, place
 from planners.cost.profile import Profile
+from planners.placement import Placement, place
 
 Array = NDArray[np.float64]
 
@@ -384,6 +383,15 @@ class Simulator:
         key = (stage, instance.name)
         layout = self._layouts.get(key)
         if layout is None:
+            wide = max(stage.sizes)
+            if wide > instance.gpus:
+                # The profile times workers that share one node (NVLink/PCIe); a trial
+                # spanning nodes would all-reduce over the network, which nothing here models.
+                raise ValueError(
+                    f"stage (bracket {stage.bracket}, rung {stage.rung}): a trial of "
+                    f"{wide:g} GPUs does not fit one {instance.name} node ({instance.gpus} "
+                    f"GPUs); the cost model times only trials whose workers share one node"
+                )
             mean, sd = [], []
             for tier in stage.tiers:
                 m, s = self.profile.segment(tier.gpus, tier.resource, instance)
