@@ -17,7 +17,8 @@ chain are cached: a planner that changes one stage re-simulates one chain.
 Example (ALGORITHMS.md §5.6, plan (4,4,4)):
     >>> from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
     >>> from planners.cost.catalog import parse_catalog
-    >>>     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
+    >>> from planners.cost.profile import Profile
+    >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
     >>> profile = Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2})
     >>> chain = tuple(StagePlan(0, k, (GpuTier(n, 4.0, r),), "p3.8xlarge", n)
