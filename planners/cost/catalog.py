@@ -30,14 +30,10 @@ from typing import Any
 import numpy as np
 import yaml
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from planners.cost.billing import BillingRule
-from planners.spec import SpecError, _format_error
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from planners.spec import SpecError, _format_error, _Strict
 
 
 class Delay(_Strict):

@@ -68,45 +68,31 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
         gridspec_kw={"height_ratios": [height, 2.4], "hspace": 0.08},
     )
 
+    def box(start: float, end: float, top: float, tall: float, **style: object) -> None:
+        """A box over seconds ``start``..``end``, ``tall`` row heights from ``top``."""
+        ax.add_patch(Rectangle((start / unit, top), (end - start) / unit, tall, **style))
+
     # Instances: billed lifetime (hatched while starting), then the trials on them.
     for n in nodes:
-        y = row[n.node]
-        ax.add_patch(
-            Rectangle(
-                (n.requested / unit, y + _PAD / 2),
-                (n.released - n.requested) / unit,
-                1 - _PAD,
-                facecolor="#f2f2f2",
-                edgecolor="#bbbbbb",
-                linewidth=0.5,
-            )
-        )
-        ax.add_patch(
-            Rectangle(
-                (n.requested / unit, y + _PAD / 2),
-                (n.ready - n.requested) / unit,
-                1 - _PAD,
-                facecolor="none",
-                edgecolor="#999999",
-                hatch="////",
-                linewidth=0,
-            )
-        )
+        y = row[n.node] + _PAD / 2
+        lifetime = {"facecolor": "#f2f2f2", "edgecolor": "#bbbbbb", "linewidth": 0.5}
+        box(n.requested, n.released, y, 1 - _PAD, **lifetime)
+        startup = {"facecolor": "none", "edgecolor": "#999999", "hatch": "////", "linewidth": 0}
+        box(n.requested, n.ready, y, 1 - _PAD, **startup)
     by_node = {n.node: n for n in nodes}
     named = set()  # stages already labelled
     for s in trace.segments:
         gpus = by_node[s.node].gpus
         top = row[s.node] + _PAD / 2 + (1 - _PAD) * s.offset / gpus
         tall = (1 - _PAD) * s.gpus / gpus
-        ax.add_patch(
-            Rectangle(
-                (s.start / unit, top),
-                (s.end - s.start) / unit,
-                tall,
-                facecolor=colour[(s.bracket, s.rung)],
-                edgecolor="white",
-                linewidth=0.4,
-            )
+        box(
+            s.start,
+            s.end,
+            top,
+            tall,
+            facecolor=colour[(s.bracket, s.rung)],
+            edgecolor="white",
+            linewidth=0.4,
         )
         # Name each stage once, on its first box with room for the name.
         if (s.bracket, s.rung) not in named and s.end - s.start > 0.06 * horizon and tall >= 0.45:

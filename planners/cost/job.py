@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 from planners.cost.baselines import static_baselines
@@ -102,9 +103,11 @@ def plan_job(
         )
         plan, outcome = result.plan, result.outcome
         if result.smallest_deadline is not None:
-            problems.append(_late(deadline, result.smallest_deadline))
+            problems.append(_unmet("budget.deadline", deadline, result.smallest_deadline))
         elif budget is not None and outcome.cost_q > budget:
-            problems.append(_dear(budget, math.ceil(outcome.cost_q * 100) / 100))
+            problems.append(
+                _unmet("budget.max_cost_usd", budget, math.ceil(outcome.cost_q * 100) / 100)
+            )
         details["search"] = {
             "moves": [
                 {
@@ -125,9 +128,9 @@ def plan_job(
         result = seer.plan(s.max_resource, s.eta, s.min_resource)
         plan, outcome = result.plan, result.outcome
         if result.smallest_deadline is not None:
-            problems.append(_late(deadline, result.smallest_deadline))
+            problems.append(_unmet("budget.deadline", deadline, result.smallest_deadline))
         if result.smallest_budget is not None:
-            problems.append(_dear(budget, result.smallest_budget))
+            problems.append(_unmet("budget.max_cost_usd", budget, result.smallest_budget))
         row = result.solution
         details["seer"] = {
             "stages": row.stages,
@@ -154,19 +157,19 @@ def plan_job(
     )
 
 
-def _late(deadline: float, smallest: float) -> Problem:
-    return Problem(
-        "budget.deadline",
-        f"budget.deadline: {format_duration(deadline)} cannot be met at p95; the smallest "
-        f"deadline that works is {format_duration(smallest)}",
-        smallest,
-    )
+# What a budget field asks for, and how its values read in a message.
+_UNMET: dict[str, tuple[str, Callable[[float], str]]] = {
+    "budget.deadline": ("deadline", format_duration),
+    "budget.max_cost_usd": ("budget", lambda dollars: f"${dollars:,.2f}"),
+}
 
 
-def _dear(budget: float, smallest: float) -> Problem:
+def _unmet(field: str, given: float, smallest: float) -> Problem:
+    """The budget ``field`` cannot be met; ``smallest`` is the least value that can."""
+    noun, show = _UNMET[field]
     return Problem(
-        "budget.max_cost_usd",
-        f"budget.max_cost_usd: ${budget:,.2f} cannot be met at p95; the smallest budget "
-        f"that works is ${smallest:,.2f}",
+        field,
+        f"{field}: {show(given)} cannot be met at p95; the smallest {noun} "
+        f"that works is {show(smallest)}",
         smallest,
     )

@@ -16,8 +16,8 @@ import numpy as np
 from planners.cost.allocation import AllocationPlan
 from planners.cost.baselines import Baseline
 from planners.cost.catalog import Catalog
-from planners.cost.placement import place
 from planners.cost.simulate import Outcome, Trace
+from planners.placement import place
 from planners.spec import SpecError
 
 

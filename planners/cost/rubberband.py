@@ -55,10 +55,10 @@ import numpy as np
 
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.catalog import Catalog, InstanceType
-from planners.cost.placement import place
 from planners.cost.profile import Profile
 from planners.cost.simulate import Outcome, Simulator
 from planners.cost.simulate import quantile as _quantile
+from planners.placement import place
 from planners.plan import Stage
 from planners.spec import SpecError
 

@@ -39,8 +39,8 @@ from numpy.typing import NDArray
 
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, InstanceType
-from planners.cost.placement import Placement, place
 from planners.cost.profile import Profile
+from planners.placement import Placement, place
 
 Array = NDArray[np.float64]
 
@@ -384,6 +384,15 @@ class Simulator:
         key = (stage, instance.name)
         layout = self._layouts.get(key)
         if layout is None:
+            wide = max(stage.sizes)
+            if wide > instance.gpus:
+                # The profile times workers that share one node (NVLink/PCIe); a trial
+                # spanning nodes would all-reduce over the network, which nothing here models.
+                raise ValueError(
+                    f"stage (bracket {stage.bracket}, rung {stage.rung}): a trial of "
+                    f"{wide:g} GPUs does not fit one {instance.name} node ({instance.gpus} "
+                    f"GPUs); the cost model times only trials whose workers share one node"
+                )
             mean, sd = [], []
             for tier in stage.tiers:
                 m, s = self.profile.segment(tier.gpus, tier.resource, instance)
