@@ -27,9 +27,10 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.futures import PrefectFuture, as_completed
 from prefect.states import Failed
+from prefect.task_engine import TaskRunTimeoutError
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.pools import PoolTarget, WorkerLost, launch_segment, lost, open_pool
+from flows.pools import PoolTarget, WorkerLost, launch_segment, open_pool
 from flows.progress import JobProgress
 from infra.sizing import InfraError, publish_sizing
 from planners.cost import plan_job
@@ -157,11 +158,15 @@ class Job:
         stage = self.stage_of(segment)
         if stage is not None:
             segment = replace(segment, gpus=stage.gpus_per_trial)
+        timeout = self.spec.compute.segment_timeout
         if self.pool is None:
-            return train_segment.submit(self.ref, segment, config, run_id)
+            # Prefect's timeout interrupts a trainable stuck in Python code; one blocked
+            # inside a C call ends when the call returns (work-pool mode kills the process).
+            train = train_segment.with_options(timeout_seconds=timeout)
+            return train.submit(self.ref, segment, config, run_id)
         variables = self.pool.job_variables(segment.gpus, stage and stage.instance_type)
         return launch_segment.submit(
-            self.pool.deployment, self.ref, segment, config, run_id, variables
+            self.pool.deployment, self.ref, segment, config, run_id, variables, timeout
         )
 
     def record(self, segment: Segment, report: SegmentReport) -> list[Decision]:
@@ -491,8 +496,13 @@ def drive(job: Job) -> dict[str, Any]:
                 segment = running.pop(future)
                 try:
                     report = future.result()
-                except WorkerLost as exc:
-                    report = lost(segment, exc)
+                except WorkerLost as exc:  # every retry lost its worker
+                    report = SegmentReport.failure(segment, f"worker lost: {exc}")
+                except TaskRunTimeoutError:
+                    timeout = spec.compute.segment_timeout
+                    report = SegmentReport.failure(
+                        segment, f"timeout: segment ran over {timeout:g} s"
+                    )
                 decisions = job.record(segment, report)
                 stage = f"stage b{segment.bracket}-r{segment.rung}"
                 progress.update(stage, job.best_metric())

@@ -289,6 +289,13 @@ class ComputeSpec(_Strict):
     instance_types: list[str] = Field(default_factory=list)
     max_gpus: int | None = Field(default=None, ge=1)
     ecs: EcsSpec | None = None
+    # A segment running longer is ended and its trial marked failed (hung trainables).
+    segment_timeout: float | None = None
+
+    @field_validator("segment_timeout", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
 
 
 class TrackingSpec(_Strict):

@@ -79,6 +79,11 @@ class SegmentReport:
         return asdict(self)
 
     @classmethod
+    def failure(cls, segment: Segment, reason: str) -> SegmentReport:
+        """A segment that produced nothing (timed out, lost its worker): the trial fails."""
+        return cls(Result(segment.trial, segment.start, math.inf, failed=True), (), reason)
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SegmentReport:
         result = dict(data["result"])
         result["history"] = tuple(tuple(point) for point in result["history"])

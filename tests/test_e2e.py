@@ -107,16 +107,21 @@ def test_asha_promotes_by_resuming_from_checkpoints(tmp_path, stores, capsys) ->
     assert max(reached) == 9 and reached.count(1) < len(reached)
 
 
-def test_failing_and_nan_trials_are_marked_failed_and_the_job_goes_on(
+def test_failing_nan_and_hung_trials_are_marked_failed_and_the_job_goes_on(
     tmp_path, stores, capsys
 ) -> None:
-    for trainable, reason in [("flaky", "diverged"), ("nan_for_small_x", "is nan")]:
+    for trainable, reason in [
+        ("flaky", "diverged"),
+        ("nan_for_small_x", "is nan"),
+        ("hangs_for_small_x", "timeout: segment ran over 2 s"),
+    ]:
         code, summary, err = run_job(
             tmp_path,
             stores,
             capsys,
             trainable=f"tests.trainables:{trainable}",
             sampler={"name": "random", "seed": 1},
+            compute={"workers": 2, "segment_timeout": "2s"},
         )
         assert code == 0, err
         runs = child_runs(tmp_path, summary["mlflow_run_id"])

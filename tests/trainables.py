@@ -57,3 +57,10 @@ def logged_quadratic(config: dict, ctx: TrialContext) -> None:
             out.write(f"{ctx.trial} {epoch}\n")
 
     quadratic(config, ctx, log)
+
+
+def hangs_for_small_x(config: dict, ctx: TrialContext) -> None:
+    """Never returns for small x (a hung data loader, say); otherwise as :func:`quadratic`."""
+    while config["x"] < 0.3:
+        time.sleep(0.05)
+    quadratic(config, ctx)
