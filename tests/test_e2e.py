@@ -175,3 +175,18 @@ def test_cli_process_prints_only_json_on_stdout(tmp_path, stores) -> None:
         "model",
     }
     assert summary["model"]["version"] == "1" and summary["model"]["previous"] is None
+
+
+def test_profile_measures_seconds_per_unit_and_feeds_the_planner(tmp_path, capsys) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(JOB))
+    out = tmp_path / "profile.yaml"
+    assert main(["profile", str(path), "--json", "--out", str(out)]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    assert measured["profile"]["seconds_per_unit"]["1"] > 0
+    # The written section is a valid profile: the job plans with it.
+    job = {**JOB, **yaml.safe_load(out.read_text()), "budget": {"deadline": "1h"}}
+    path.write_text(yaml.safe_dump(job))
+    assert main(["plan", str(path), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["stages"] and plan["jct_s"]["p95"] > 0
