@@ -190,3 +190,21 @@ def test_profile_measures_seconds_per_unit_and_feeds_the_planner(tmp_path, capsy
     assert main(["plan", str(path), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["stages"] and plan["jct_s"]["p95"] > 0
+
+
+def test_a_planned_job_runs_with_the_plan_allocations(tmp_path, stores, capsys) -> None:
+    profile = {"seconds_per_unit": {1: 60}, "speedup": {2: 1.8, 4: 3.2}}
+    code, summary, err = run_job(
+        tmp_path,
+        stores,
+        capsys,
+        budget={"deadline": "2h"},
+        profile=profile,
+        compute={"workers": 2, "instance_types": ["g5.xlarge", "g5.12xlarge"]},
+    )
+    assert code == 0, err
+    assert summary["segments"] == 13
+    from prefect.artifacts import Artifact
+
+    plan = Artifact.get(f"{summary['job_id']}-plan").data
+    assert "g5." in plan  # each stage names the instance type the cost planner chose
