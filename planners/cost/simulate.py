@@ -70,7 +70,7 @@ Array = NDArray[np.float64]
 # What each random stream is for; streams are keyed (bracket, rung, purpose).
 _DURATION, _QUEUE, _STARTUP, _LIFETIME = 0, 1, 2, 3
 _SPOT = 8  # replacement round r of a stage: _SPOT + 8r + 0..3 (busy) and + 4..6 (idle)
-_MAX_ROUNDS = 100  # replacements per node and stage before a stage counts as never ending
+_MAX_ROUNDS = 1000  # replacements per node and stage before a stage counts as never ending
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,8 @@ class _Pool:
         """Dollars per sample and node for the current instances ended at ``end`` (S x c)."""
         billing = self.instance.billing
         start = self.ready if billing.starts == "running" else self.request
-        alive = end - start
+        with np.errstate(invalid="ignore"):  # inf - inf: requested after a never-ending stage
+            alive = np.where(np.isinf(end), np.inf, end - start)
         dollars = billing.charge(self.instance.price(self.market), np.maximum(alive, 0.0))
         # Billed from running: an instance released before it ran costs nothing.
         return dollars if billing.starts == "request" else np.where(alive < 0, 0.0, dollars)
@@ -232,6 +233,8 @@ def quantile(values: Array, q: float) -> float:
     low = int(position)
     high = min(low + 1, len(values) - 1)
     part = np.partition(values, (low, high))
+    if part[high] == part[low]:  # also when both are inf (a spot stage that never ends)
+        return float(part[low])
     return float(part[low] + (part[high] - part[low]) * (position - low))
 
 
@@ -524,7 +527,7 @@ class Simulator:
         request, ready, fails = pool.request, pool.ready, pool.fails
         charges, hits = np.zeros(self.samples), np.zeros(self.samples)
         for round_ in range(_MAX_ROUNDS):
-            hit = fails[:, nodes] < busy  # interrupted while busy
+            hit = (fails[:, nodes] < busy) & np.isfinite(busy)  # interrupted while busy
             node_hit = (hit @ onto) > 0
             if not node_hit.any():
                 break
@@ -540,7 +543,7 @@ class Simulator:
             fails = np.where(node_hit, ready + life, fails)
             hits = hits + node_hit.sum(axis=1)
         else:
-            # Interrupted more often than a unit of work completes: it never finishes.
+            # Interrupted far more often than a unit of work completes: it never finishes.
             busy = np.where(fails[:, nodes] < busy, np.inf, busy)
         pool = dataclasses.replace(pool, request=request, ready=ready, fails=fails)
         return busy, pool, charges, hits
@@ -554,7 +557,7 @@ class Simulator:
         request, ready, fails = pool.request, pool.ready, pool.fails
         charges = np.zeros(len(now))
         for round_ in range(_MAX_ROUNDS):
-            hit = fails < now[:, None]
+            hit = (fails < now[:, None]) & np.isfinite(now)[:, None]
             if not hit.any():
                 break
             base = _SPOT + 8 * round_ + 4
