@@ -261,6 +261,7 @@ class RubberBand:
             raise ValueError(f"spot_confidence must lie in (0, 1), got {spot_confidence}")
         self.spot = spot
         self.spot_confidence = spot_confidence
+        self._moved: dict[tuple[tuple[StagePlan, ...], str], tuple[StagePlan, ...]] = {}
         if spot and not any(t.spot is not None for t in self.types):
             raise SpecError(
                 "compute.spot: none of the instance types ("
@@ -382,7 +383,7 @@ class RubberBand:
                     yield c, _swap(chain, k, moved.replace(market=there))
                 for other_market in self.markets(instance):
                     if other_market != market:
-                        yield c, _swap(chain, k, current.replace(market=other_market))
+                        yield c, _swap(chain, k, self._on_market((current,), other_market)[0])
             shrunk = shrink_pool(chain, self.simulator.catalog)
             if shrunk is not None:
                 yield c, shrunk
@@ -393,12 +394,19 @@ class RubberBand:
                         yield c, moved
 
     def _on_market(self, chain: tuple[StagePlan, ...], market: str) -> tuple[StagePlan, ...]:
-        """Every stage of ``chain`` that can use ``market`` moved to it."""
-        catalog = self.simulator.catalog
-        return tuple(
-            s.replace(market=market) if market in self.markets(catalog.get(s.instance_type)) else s
-            for s in chain
-        )
+        """Every stage of ``chain`` that can use ``market`` moved to it (cached: the greedy
+        asks again for every chain at every step)."""
+        moved = self._moved.get((chain, market))
+        if moved is None:
+            catalog = self.simulator.catalog
+            moved = tuple(
+                s.replace(market=market)
+                if s.market != market and market in self.markets(catalog.get(s.instance_type))
+                else s
+                for s in chain
+            )
+            self._moved[(chain, market)] = moved
+        return moved
 
     def options(
         self, stage: Stage, chain: int, caps: dict[str, list[int | None]]

@@ -94,8 +94,11 @@ class _Pool:
         """Dollars per sample and node for the current instances ended at ``end`` (S x c)."""
         billing = self.instance.billing
         start = self.ready if billing.starts == "running" else self.request
-        with np.errstate(invalid="ignore"):  # inf - inf: requested after a never-ending stage
-            alive = np.where(np.isinf(end), np.inf, end - start)
+        if np.isfinite(end).all():
+            alive = end - start
+        else:  # released at the end of a stage that never ends (requested then, too)
+            with np.errstate(invalid="ignore"):
+                alive = np.where(np.isinf(end), np.inf, end - start)
         dollars = billing.charge(self.instance.price(self.market), np.maximum(alive, 0.0))
         # Billed from running: an instance released before it ran costs nothing.
         return dollars if billing.starts == "request" else np.where(alive < 0, 0.0, dollars)
@@ -110,26 +113,17 @@ class _Pool:
         """The first ``keep`` nodes, and the rest."""
 
         def cut(part: slice) -> _Pool:
-            return dataclasses.replace(
-                self,
-                request=self.request[:, part],
-                ready=self.ready[:, part],
-                fails=None if self.fails is None else self.fails[:, part],
-                ids=self.ids[part],
-            )
+            fails = None if self.fails is None else self.fails[:, part]
+            request, ready = self.request[:, part], self.ready[:, part]
+            return _Pool(self.instance, self.market, request, ready, fails, self.ids[part])
 
         return cut(slice(None, keep)), cut(slice(keep, None))
 
     def join(self, new: _Pool) -> _Pool:
         """This pool with ``new``'s nodes after its own (same type and market)."""
         fails = None if self.fails is None else np.hstack([self.fails, new.fails])
-        return dataclasses.replace(
-            self,
-            request=np.hstack([self.request, new.request]),
-            ready=np.hstack([self.ready, new.ready]),
-            fails=fails,
-            ids=self.ids + new.ids,
-        )
+        request, ready = np.hstack([self.request, new.request]), np.hstack([self.ready, new.ready])
+        return _Pool(self.instance, self.market, request, ready, fails, self.ids + new.ids)
 
 
 @dataclass(frozen=True)
