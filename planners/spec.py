@@ -289,6 +289,8 @@ class ComputeSpec(_Strict):
     instance_types: list[str] = Field(default_factory=list)
     max_gpus: int | None = Field(default=None, ge=1)
     ecs: EcsSpec | None = None
+    # Whether the cost planner may put stages on spot instances (discounted, interruptible).
+    spot: bool = Field(default=False, strict=True)
     # A segment running longer is ended and its trial marked failed (hung trainables).
     segment_timeout: float | None = None
 

@@ -1,10 +1,12 @@
 """The plan as a Gantt chart: instances over time, the trials on them, spend and deadline.
 
-One row per instance (grouped by bracket, labelled with its type); within a row each
-trial's segment is a box as tall as its share of the node's GPUs, coloured by stage. The
-hatched part of a row is the startup and queueing the instance is billed for before it is
-ready. Below, the money spent so far and the GPUs held. Times are the plan played once
-with mean times (the nominal trace); the title gives the Monte Carlo p50/p95.
+One row per instance (grouped by bracket, labelled with its type, and "spot" for a spot
+instance); within a row each trial's segment is a box as tall as its share of the node's
+GPUs, coloured by stage and cross-hatched on spot instances. The hatched part of a row is
+the startup and queueing the instance is billed for before it is ready. Below, the money
+spent so far and the GPUs held. Times are the plan played once with mean times and no
+spot interruption (the nominal trace); the title gives the Monte Carlo p50/p95, which
+include them, and the legend every spot stage's expected interruptions.
 
 This module imports matplotlib (Agg backend), so ``planners.cost`` does not.
 
@@ -85,6 +87,7 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
         gpus = by_node[s.node].gpus
         top = row[s.node] + _PAD / 2 + (1 - _PAD) * s.offset / gpus
         tall = (1 - _PAD) * s.gpus / gpus
+        spot = by_node[s.node].market == "spot"
         box(
             s.start,
             s.end,
@@ -93,6 +96,7 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
             facecolor=colour[(s.bracket, s.rung)],
             edgecolor="white",
             linewidth=0.4,
+            hatch="x" if spot else None,
         )
         # Name each stage once, on its first box with room for the name.
         if (s.bracket, s.rung) not in named and s.end - s.start > 0.06 * horizon and tall >= 0.45:
@@ -113,7 +117,9 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
     ax.set_yticks([i + 0.5 for i in range(0, len(nodes), step)])
     ax.set_yticklabels(
         [
-            (f"b{nodes[i].bracket} · " if several else "") + f"{nodes[i].instance_type} #{i}"
+            (f"b{nodes[i].bracket} · " if several else "")
+            + f"{nodes[i].instance_type} #{i}"
+            + (" spot" if nodes[i].market == "spot" else "")
             for i in range(0, len(nodes), step)
         ],
         fontsize=7,
@@ -153,16 +159,16 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
     times = np.linspace(0, trace.jct, 400)
     held = np.zeros_like(times)
     spent = np.zeros_like(times)
-    prices = {n.instance_type: report.catalog.get(n.instance_type).price_per_hour for n in nodes}
     for n in nodes:
         alive = (times >= n.requested) & (times < n.released)
         held += alive * n.gpus
         spent += (
-            prices[n.instance_type]
+            report.catalog.get(n.instance_type).price(n.market)
             / 3600
             * np.clip(times - n.requested, 0, None).clip(max=n.released - n.requested)
         )
-    spend_ax.plot(times / unit, spent, color="#1f77b4", linewidth=1.6, label="spent (list price)")
+    priced = "list and spot prices" if any(n.market == "spot" for n in nodes) else "list price"
+    spend_ax.plot(times / unit, spent, color="#1f77b4", linewidth=1.6, label=f"spent ({priced})")
     spend_ax.plot([trace.jct / unit], [trace.cost], "o", color="#1f77b4")
     spend_ax.annotate(
         _dollars(f"billed ${trace.cost:,.2f} (mean times)"),
@@ -207,6 +213,15 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
     for stage, allocation in _stage_labels(report).items():
         legend.append(Patch(facecolor=colour.get(stage, "#cccccc"), label=allocation))
     legend.append(Patch(facecolor="#f2f2f2", edgecolor="#999999", hatch="////", label="starting"))
+    if any(n.market == "spot" for n in nodes):
+        legend.append(
+            Patch(
+                facecolor="#bbbbbb",
+                edgecolor="#333333",
+                hatch="xx",
+                label="on spot (chart: no interruptions;\np50/p95: with them)",
+            )
+        )
     ax.legend(
         handles=legend,
         loc="upper left",
@@ -239,11 +254,15 @@ def _dollars(text: str) -> str:
 
 
 def _stage_labels(report: PlanReport) -> dict[tuple[int, int], str]:
-    """Legend text per stage: its name, trials × GPUs per tier, and its instances."""
+    """Legend text per stage: its name, trials × GPUs per tier, its instances, and on spot
+    the interruptions expected while it trains."""
     labels: dict[tuple[int, int], str] = {}
-    for stage in report.plan.stages:
+    for stage, outcome in zip(report.plan.stages, report.outcome.stages, strict=True):
         tiers = " + ".join(f"{t.trials}×{t.gpus:g}" for t in stage.tiers)
+        spot = ""
+        if stage.market == "spot":
+            spot = f" spot ({outcome.interruptions:.2f} interruptions)"
         labels[(stage.bracket, stage.rung)] = (
-            f"b{stage.bracket}-r{stage.rung} · {tiers} · {stage.instance_type} × {stage.instances}"
+            f"{stage.name} · {tiers} · {stage.instance_type} × {stage.instances}{spot}"
         )
     return labels

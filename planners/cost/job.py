@@ -6,6 +6,10 @@ meeting ``budget.deadline``; ``budget.max_cost_usd`` is then checked. SEER choos
 number of trials itself from the scheduler's ``eta``, ``min_resource`` and
 ``max_resource``, and needs both a deadline and a budget.
 
+``compute.spot: true`` lets RubberBand put stages on spot instances where that is cheaper
+and the p95 JCT, interruptions included, still meets the deadline. SEER ignores it and
+plans on-demand capacity (the report says so). Static baselines are on-demand pools.
+
 Example:
     >>> from planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
@@ -98,9 +102,10 @@ def plan_job(
     details: dict[str, object] = {}
 
     if planner == "rubberband":
-        result = RubberBand(simulator, names, deadline=deadline, max_gpus=max_gpus).plan(
-            compile_plan(spec).stages
+        rubberband = RubberBand(
+            simulator, names, deadline=deadline, max_gpus=max_gpus, spot=spec.compute.spot
         )
+        result = rubberband.plan(compile_plan(spec).stages)
         plan, outcome = result.plan, result.outcome
         if result.smallest_deadline is not None:
             problems.append(_unmet("budget.deadline", deadline, result.smallest_deadline))
@@ -108,6 +113,15 @@ def plan_job(
             problems.append(
                 _unmet("budget.max_cost_usd", budget, math.ceil(outcome.cost_q * 100) / 100)
             )
+        if spec.compute.spot:
+            spot = any(stage.market == "spot" for stage in plan.stages)
+            details["spot_feasibility"] = {
+                "rule": (
+                    "a plan with spot stages meets the deadline at the one-sided "
+                    f"{rubberband.spot_confidence:.0%} upper confidence bound of its p95 JCT"
+                ),
+                "jct_s_judged": round(rubberband.judged(outcome.jct, spot), 1),
+            }
         details["search"] = {
             "moves": [
                 {
@@ -115,6 +129,11 @@ def plan_job(
                     "jct_p95_s": round(m.jct, 1),
                     "cost_mean_usd": round(m.cost, 4),
                     "benefit_usd_per_s": m.benefit,
+                    **(
+                        {"spot": [s.name for s in m.plan.stages if s.market == "spot"]}
+                        if spec.compute.spot
+                        else {}
+                    ),
                 }
                 for m in result.moves
             ]
@@ -139,6 +158,8 @@ def plan_job(
             "trials": list(row.trials),
             "instance_type": result.instance_type,
         }
+        if spec.compute.spot:
+            details["seer"]["note"] = "the seer planner plans on-demand capacity (spot ignored)"
 
     baselines = static_baselines(simulator, plan, names, deadline=deadline, max_gpus=max_gpus)
     return PlanReport(
@@ -154,6 +175,7 @@ def plan_job(
         tuple(problems),
         details,
         simulator.trace(plan),
+        spec.compute.spot,
     )
 
 
