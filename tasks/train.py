@@ -119,8 +119,17 @@ def run_segment(
         error = "".join(traceback.format_exception_only(exc)).strip()
         error += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])
     seconds = time.perf_counter() - began
-    history = tuple((r, job.loss(m[job.metric])) for r, m in ctx.reports if job.metric in m)
-    seen = tuple(sorted({k for _, metrics in ctx.reports for k in metrics}))
+    reports = ctx.reports
+    if not reports and error is None and ctx.restored_from >= segment.stop:
+        # This segment finished before a crash lost its report: it checkpointed at (or past)
+        # its stop, so it trained nothing now. Its metrics are in MLflow already.
+        reports = [
+            (float(step), {job.metric: value})
+            for step, value in sorted(tracker.metric_history(run_id, job.metric))
+            if segment.start < step <= ctx.restored_from
+        ]
+    history = tuple((r, job.loss(m[job.metric])) for r, m in reports if job.metric in m)
+    seen = tuple(sorted({k for _, metrics in reports for k in metrics}))
     if error is None and history and not math.isfinite(history[-1][1]):
         error = f"metric {job.metric} is {job.loss(history[-1][1])}"
     failed = error is not None or not history

@@ -43,3 +43,21 @@ def test_no_checkpoint_means_a_fresh_trial(tmp_path: Path) -> None:
     ctx = context(tracker, run_id, stop=3)
     assert ctx.restore(model=torch.nn.Linear(1, 1)) == 0
     assert list(ctx.range()) == [1, 2, 3]
+
+
+def test_a_segment_whose_report_was_lost_is_recovered_not_failed(tmp_path: Path) -> None:
+    from planners.schedulers.base import Segment
+    from tasks.train import JobRef, run_segment
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    job = JobRef("job", "tests.trainables:quadratic", "val_accuracy", "max", 9, uri, "ckpt")
+    tracker = Tracker(uri, "ckpt")
+    run_id = tracker.start_trial("job", "parent", 0, {"x": 0.5})
+    segment = Segment(trial=0, start=0, stop=2, rung=0)
+    first = run_segment(job, segment, {"x": 0.5}, run_id)
+    # The driver died after the checkpoint at 2 but before it recorded the report, so the
+    # segment runs again: it restores at its stop and has nothing left to train.
+    again = run_segment(job, segment, {"x": 0.5}, run_id)
+    assert not again.result.failed
+    assert again.result.loss == first.result.loss and again.result.resource == 2
+    assert again.result.history == first.result.history
