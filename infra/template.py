@@ -56,7 +56,8 @@ def gpu_template(base: dict[str, Any] | None = None) -> dict[str, Any]:
     variables["launch_type"]["default"] = "EC2"
     variables["capacity_provider_strategy"]["description"] += (
         " For GPU capacity use the cluster's EC2 capacity provider, e.g. "
-        '[{"capacityProvider": "gpu-cp", "weight": 1}]; the launch type is then dropped.'
+        '[{"capacityProvider": "gpu-cp", "weight": 1, "base": 0}] (all three keys are '
+        "required); the launch type is then dropped."
     )
 
     task_definition = template["job_configuration"]["task_definition"]

@@ -1,0 +1,126 @@
+"""A real Prefect server and process worker on loopback, for tests and checks (STACK.md §2).
+
+``running_server`` starts ``python -m prefect server start`` on a free port with its own
+``PREFECT_HOME`` and waits for ``/api/health``; ``running_worker`` starts ``python -m prefect
+worker start --type process`` that polls every second. Both run in their own process group,
+which is stopped at exit whatever happens, so no process outlives the block. The pytest
+fixture that shares one server across a test session is in ``tests/prefect_server.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+# A fresh SQLite DB takes ~10 s to migrate on an idle 2-core box; leave room for a busy one.
+SERVER_START_TIMEOUT = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def isolated_env(home: Path, **extra: str) -> dict[str, str]:
+    """This environment without any ``PREFECT_*`` setting, plus a home of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="WARNING",
+        **extra,
+    )
+    return env
+
+
+def stop_group(process: subprocess.Popen, first: int, grace: float = 10.0) -> None:
+    """Signal the whole process group with ``first``, then SIGKILL it if it lingers."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, first)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def running_server(home: Path, port: int | None = None, ui: bool = False) -> Iterator[str]:
+    """Yield the API URL (``http://127.0.0.1:PORT/api``) of a server started for the block.
+
+    With ``ui`` the server also serves the web UI, told to call this port's API (left alone,
+    the UI's API URL is ``PREFECT_SERVER_API_PORT``, 4200, whatever ``--port`` says).
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    log = home / "server.log"
+    command = [sys.executable, "-m", "prefect", "server", "start"]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
+    env = isolated_env(home, PREFECT_UI_ENABLED=str(ui).lower(), PREFECT_UI_API_URL=api)
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"prefect server exited with {process.returncode}:\n{_tail(log)}"
+                )
+            with (
+                contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError),
+                urllib.request.urlopen(f"{api}/health", timeout=2) as response,
+            ):
+                if response.status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"prefect server not healthy after {SERVER_START_TIMEOUT} s")
+            time.sleep(0.3)
+        yield api
+    finally:
+        stop_group(process, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def running_worker(
+    api: str, pool: str, home: Path, worker_type: str = "process", query_seconds: int = 1
+) -> Iterator[subprocess.Popen]:
+    """A worker polling ``pool`` every ``query_seconds``; stopped with SIGINT at exit."""
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / f"worker-{pool}.log"
+    command = [sys.executable, "-m", "prefect", "worker", "start"]
+    command += ["--pool", pool, "--type", worker_type]
+    env = isolated_env(
+        home,
+        PREFECT_API_URL=api,
+        PREFECT_WORKER_QUERY_SECONDS=str(query_seconds),
+        PREFECT_WORKER_PREFETCH_SECONDS="0",
+    )
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        yield process
+    finally:
+        # A worker shuts down cleanly on SIGINT (STACK.md §2); SIGKILL follows if it hangs.
+        stop_group(process, signal.SIGINT)
