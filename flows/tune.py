@@ -254,7 +254,8 @@ class Job:
             return
         if self.plan is None:  # asynchronous: one size, compute.workers, for the whole job
             if not self._sized:
-                self.pool.backend.size(self.spec.scheduler.name, self.spec.compute.workers)
+                name, slots = self.spec.scheduler.name, self.spec.compute.workers
+                self.pool.backend.size(name, slots, gpus_per_trial=1.0)
                 self.pool.backend.wait_ready(timeout=600)
                 self._sized = self.spec.scheduler.name
             return

@@ -135,7 +135,15 @@ class EcsCapacity(Sizer):
         return self._clients[service]
 
     def check(self) -> None:
-        """Resolve providers -> groups -> instance types and GPUs; validates the assumptions."""
+        """Resolve providers -> groups -> instance types and GPUs; validates the assumptions.
+
+        AWS refusing or unreachable is bad input too: nothing has been scaled yet."""
+        try:
+            self._check()
+        except (BotoCoreError, ClientError) as exc:
+            raise CapacityError(f"compute.ecs: AWS answered {type(exc).__name__}: {exc}") from None
+
+    def _check(self) -> None:
         ecs = self._client("ecs")
         found = ecs.describe_clusters(clusters=[self.cluster])
         clusters = [c for c in found["clusters"] if c.get("status") == "ACTIVE"]

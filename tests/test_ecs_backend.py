@@ -270,3 +270,20 @@ def test_wait_ready_needs_instances_joined_to_the_cluster(aws):
             b.wait_ready(timeout=0.2)
         _register_group_instances("small")
         b.wait_ready(timeout=0.2)
+
+
+def test_aws_refusing_the_check_is_bad_input_and_scales_nothing(monkeypatch):
+    """An unreachable endpoint or refused keys exit 2 with the AWS error, before any scaling."""
+    from botocore.exceptions import EndpointConnectionError
+
+    from infra.ecs import EcsCapacity
+    from infra.sizing import CapacityError
+
+    capacity = EcsCapacity("gpu-cluster", region="us-east-1")
+
+    def unreachable(*args, **kwargs):
+        raise EndpointConnectionError(endpoint_url="https://ecs.us-east-1.amazonaws.com")
+
+    monkeypatch.setattr(capacity, "_check", unreachable)
+    with pytest.raises(CapacityError, match=r"compute\.ecs: AWS answered EndpointConnectionError"):
+        capacity.check()
