@@ -289,6 +289,9 @@ class ComputeSpec(_Strict):
     instance_types: list[str] = Field(default_factory=list)
     max_gpus: int | None = Field(default=None, ge=1)
     ecs: EcsSpec | None = None
+    # A segment whose width cannot run (the profile does not cover it, the pool is too
+    # small, or the trainable is not data-parallel) runs on 1 GPU instead of failing the job.
+    elastic_fallback: bool = False
 
 
 class TrackingSpec(_Strict):
