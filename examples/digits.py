@@ -75,7 +75,8 @@ def train(config: dict, ctx: TrialContext) -> None:
             logits = model(x_val)
             val_loss = loss_fn(logits, y_val).item()
             accuracy = (logits.argmax(1) == y_val).float().mean().item()
-        ctx.report(val_accuracy=accuracy, val_loss=val_loss, train_loss=mean_across_ranks(loss.detach()))
+        train_loss = mean_across_ranks(loss.detach())  # a collective: every rank calls it
+        ctx.report(val_accuracy=accuracy, val_loss=val_loss, train_loss=train_loss)
         ctx.checkpoint(model=model, optimizer=optimizer)
 
 

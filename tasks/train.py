@@ -145,13 +145,14 @@ def check_plan(spec: JobSpec, plan: Plan, devices: int | None = None) -> None:
     Raises SpecError naming the stage and the field."""
     if spec.compute.elastic_fallback:
         return
-    trainable = load_trainable(spec.trainable)
+    distributed = supports_distributed(load_trainable(spec.trainable))
+    covered = profile_widths(spec)
     for stage in plan.stages:
         problem = width_problem(
             stage.gpus_per_trial,
             trainable=spec.trainable,
-            distributed=supports_distributed(trainable),
-            covered=profile_widths(spec),
+            distributed=distributed,
+            covered=covered,
             max_gpus=spec.compute.max_gpus,
             devices=devices,
         )
@@ -314,7 +315,8 @@ def run_segment(
     gpu_ids: Sequence[int] | None = None,
 ) -> SegmentReport:
     """Train ``segment`` at its width and keep its report in MLflow. A trainable that raises
-    yields a failed result: one trial's failure never ends the job.
+    (or that this worker cannot import) yields a failed result: one trial's failure never
+    ends the job. A width that cannot run raises SpecError (see :func:`segment_width`).
 
     Args:
         device: Where a single-process segment trains; default ``cuda`` when there is one.
@@ -322,36 +324,15 @@ def run_segment(
             data-parallel process; default ``0 .. g-1``. Ignored without CUDA.
     """
     tracker = Tracker(job.mlflow_uri, job.experiment)
-    trainable = load_trainable(job.trainable)
-    gpus, fallback = segment_width(job, segment, trainable)
-    cuda = cuda_devices() is not None
-    ids = list(gpu_ids) if cuda and gpu_ids is not None else None
-    if device is None:
-        device = "cpu" if not cuda else f"cuda:{ids[0]}" if ids else "cuda"
-    tags: dict[str, Any] = {"elastune.gpus": f"{gpus:g}"}
-    if fallback is not None:
-        tags["elastune.width_fallback"] = f"asked {segment.gpus:g} GPUs: {fallback}"
-    if gpus < 1 and cuda:
-        tags["elastune.gpu_sharing"] = "mps" if mps_running() else "time-slicing"
-    tracker.set_tags(run_id, tags)
     began = time.perf_counter()
-    error = None
-    if gpus > 1:
-        try:
-            reports, resource = run_distributed(
-                _train_rank,
-                int(gpus),
-                (job, segment, config, run_id, gpus),
-                devices=ids,
-                timeout=ELASTIC_TIMEOUT_SECONDS,
-                preload=[job.trainable.partition(":")[0]],
-            )
-        except (DistributedError, TimeoutError) as exc:
-            # The ranks' reports are lost with them; the segment failed either way.
-            reports, resource, error = [], segment.start, str(exc)
+    try:
+        trainable = load_trainable(job.trainable)
+    except SpecError as exc:  # the job checked it; this worker lacks the code
+        reports, resource, error = [], segment.start, str(exc)
     else:
-        ctx, error = _train(job, segment, config, run_id, trainable, device=device, gpus=gpus)
-        reports, resource = ctx.reports, ctx.resource
+        reports, resource, error = _train_at_width(
+            job, segment, config, run_id, trainable, tracker, device, gpu_ids
+        )
     seconds = time.perf_counter() - began
     history = tuple((r, job.loss(m[job.metric])) for r, m in reports if job.metric in m)
     seen = tuple(sorted({k for _, metrics in reports for k in metrics}))
@@ -365,6 +346,46 @@ def run_segment(
     # segment that finished.
     tracker.save_report(run_id, report_name(segment), report.to_dict())
     return report
+
+
+def _train_at_width(
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    trainable: Trainable,
+    tracker: Tracker,
+    device: str | None,
+    gpu_ids: Sequence[int] | None,
+) -> tuple[Reports, float, str | None]:
+    """Run the segment on one process or ``g``; its reports, resource reached and error."""
+    gpus, fallback = segment_width(job, segment, trainable)
+    cuda = cuda_devices() is not None
+    ids = list(gpu_ids) if cuda and gpu_ids is not None else None
+    if device is None:
+        device = "cpu" if not cuda else f"cuda:{ids[0]}" if ids else "cuda"
+    tags: dict[str, Any] = {"elastune.gpus": f"{gpus:g}"}
+    if fallback is not None:
+        tags["elastune.width_fallback"] = f"asked {segment.gpus:g} GPUs: {fallback}"
+    if gpus < 1 and cuda:
+        tags["elastune.gpu_sharing"] = "mps" if mps_running() else "time-slicing"
+    tracker.set_tags(run_id, tags)
+    if gpus <= 1:
+        ctx, error = _train(job, segment, config, run_id, trainable, device=device, gpus=gpus)
+        return ctx.reports, ctx.resource, error
+    try:
+        reports, resource = run_distributed(
+            _train_rank,
+            int(gpus),
+            (job, segment, config, run_id, gpus),
+            devices=ids,
+            timeout=ELASTIC_TIMEOUT_SECONDS,
+            preload=[job.trainable.partition(":")[0]],
+        )
+    except (DistributedError, TimeoutError) as exc:
+        # The ranks' reports are lost with them; the segment failed either way.
+        return [], segment.start, str(exc)
+    return reports, resource, None
 
 
 @task(

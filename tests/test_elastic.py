@@ -25,6 +25,10 @@ from tasks.train import JobRef, check_plan, run_segment, width_problem
 
 DIGITS = {"lr": 0.003, "width": 4, "dropout": 0.0, "optimizer": "adam", "batch_size": 64}
 ATOL = 1e-3
+TWO_RANKS = pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.device_count() < 2,
+    reason="2 NCCL ranks need 2 CUDA devices (on CPU, gloo runs any number)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +48,7 @@ def trial_run(job: JobRef, trial: int = 0) -> tuple[Tracker, str]:
 
 
 @pytest.mark.slow
+@TWO_RANKS
 def test_digits_segment_at_two_processes_resumes_at_one(store):
     job = job_ref(store, "examples.digits:train")
     tracker, run_id = trial_run(job)
@@ -69,6 +74,17 @@ def test_digits_segment_at_two_processes_resumes_at_one(store):
     assert max(abs(a - b) for (_, a), (_, b) in zip(elastic, single, strict=True)) < ATOL
     assert single[-1][1] < 0.7 * single[0][1]  # and it does learn
     assert whole.result.loss == pytest.approx(second.result.loss, abs=ATOL)
+
+
+@pytest.mark.slow
+@TWO_RANKS
+def test_a_rank_that_raises_fails_its_segment_not_the_job(store):
+    job = job_ref(store, "tests.trainables:rank_one_raises")
+    tracker, run_id = trial_run(job)
+    report = run_segment(job, Segment(0, 0, 2, rung=0, gpus=2), {}, run_id)
+    assert report.result.failed and report.result.history == ()
+    assert "rank 1 of 2 failed: FloatingPointError: rank 1 diverged at epoch 1" in report.error
+    assert tracker.load_report(run_id, "0-2") == report.to_dict()
 
 
 def test_a_trainable_without_distributed_support_is_bad_input_at_two_gpus(store):

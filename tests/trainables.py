@@ -57,3 +57,15 @@ def logged_quadratic(config: dict, ctx: TrialContext) -> None:
             out.write(f"{ctx.trial} {epoch}\n")
 
     quadratic(config, ctx, log)
+
+
+def rank_one_raises(config: dict, ctx: TrialContext) -> None:
+    """Data-parallel in name: every rank reports, and rank 1 raises after its first epoch."""
+    for epoch in ctx.range(ctx.restore()):
+        ctx.report(val_accuracy=0.5)
+        if ctx.rank == 1:
+            raise FloatingPointError(f"rank 1 diverged at epoch {epoch}")
+        torch.distributed.barrier()  # rank 0 waits here for a peer that never comes
+
+
+rank_one_raises.distributed = True  # type: ignore[attr-defined]
