@@ -3,11 +3,12 @@ through ``tasks.train.run_segment`` and its MLflow checkpoint resumes at another
 width that cannot run is bad input unless the job allows the fallback to 1 GPU.
 
 Tolerance of the digits comparison: 2 gloo processes and 1 process train on the same global
-batches of 64 with averaged gradients, so they differ only in float32 summation order
-(about 1e-7 relative per step). Adam's normalised steps carry such differences along
-without growing them much over 66 steps; measured, the validation losses agree to 1e-5.
-``atol=1e-3`` is far above that yet far below what one wrong sample per batch or a rank
-training on its own gradient shifts the loss by (1e-2 and more).
+batches of 128 with averaged gradients, so they can differ only in float32 summation order
+(the two half-batch means and their all-reduce against one full-batch mean), about 1e-7
+relative per step. Measured on this machine: the validation losses of 3 epochs (33 Adam
+steps) agree to the last bit, and the training losses to 3e-7. ``atol=1e-4`` leaves room
+for other thread splits yet is far below what one wrong sample per batch or a rank training
+on its own gradient shifts the loss by (1e-2 and more).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from planners.plan import compile_plan
 from planners.schedulers.base import Segment
 from planners.spec import SpecError, parse_job
 from tasks.tracking import Tracker
-from tasks.train import JobRef, check_plan, run_segment, width_problem
+from tasks.train import JobRef, SegmentReport, check_plan, run_segment, width_problem
 
-DIGITS = {"lr": 0.003, "width": 4, "dropout": 0.0, "optimizer": "adam", "batch_size": 64}
-ATOL = 1e-3
+DIGITS = {"lr": 0.003, "width": 4, "dropout": 0.0, "optimizer": "adam", "batch_size": 128}
+ATOL = 1e-4
 TWO_RANKS = pytest.mark.skipif(
     torch.cuda.is_available() and torch.cuda.device_count() < 2,
     reason="2 NCCL ranks need 2 CUDA devices (on CPU, gloo runs any number)",
@@ -72,7 +73,7 @@ def test_digits_segment_at_two_processes_resumes_at_one(store):
     single = tracker.metric_history(alone, "val_loss")
     assert [s for s, _ in elastic] == [s for s, _ in single] == [1, 2, 3]
     assert max(abs(a - b) for (_, a), (_, b) in zip(elastic, single, strict=True)) < ATOL
-    assert single[-1][1] < 0.7 * single[0][1]  # and it does learn
+    assert single[-1][1] < 0.95 * single[0][1]  # and it does learn
     assert whole.result.loss == pytest.approx(second.result.loss, abs=ATOL)
 
 
@@ -84,7 +85,7 @@ def test_a_rank_that_raises_fails_its_segment_not_the_job(store):
     report = run_segment(job, Segment(0, 0, 2, rung=0, gpus=2), {}, run_id)
     assert report.result.failed and report.result.history == ()
     assert "rank 1 of 2 failed: FloatingPointError: rank 1 diverged at epoch 1" in report.error
-    assert tracker.load_report(run_id, "0-2") == report.to_dict()
+    assert SegmentReport.from_dict(tracker.load_report(run_id, "0-2")) == report
 
 
 def test_a_trainable_without_distributed_support_is_bad_input_at_two_gpus(store):
