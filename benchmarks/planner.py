@@ -15,6 +15,14 @@ it prints and records:
 A tight deadline is 1.25x the p95 JCT of the fastest plan on the job's types; a loose one
 is 4x. Run: ``python benchmarks/planner.py`` (a few minutes: the brute force); writes
 ``benchmarks/results/planner.json``.
+
+``python benchmarks/planner.py --spot`` (issue 7) plans a subset of the scenarios with
+``compute.spot`` on, twice: on the default catalog's spot market and on a stressed one
+(every interruption rate x50). It prints the spot plan's mean cost against the on-demand
+plan, the static baselines (on-demand) and the cheapest static spot pool that meets the
+deadline by the planner's rule, the interruptions expected, and the deadline hit rate of
+both plans simulated again with fresh seeds, interruptions included; writes
+``benchmarks/results/planner_spot.json``.
 """
 
 from __future__ import annotations
@@ -321,5 +329,207 @@ def main() -> None:
     print(f"\nwrote {out}")
 
 
+# --- spot capacity (issue 7): ``python benchmarks/planner.py --spot`` ----------------------
+
+SPOT_SCENARIOS = (
+    "sha9-g5-lin",
+    "sha9-g5-sub-hourly",
+    "sha27-p3-sub",
+    "sha27-g5-sub-noisy",
+    "sha81-g5-sub",
+    "hb27-g5-sub",
+    "hb81-p3-sub",
+)
+STRESS = 50  # the stressed market: every interruption rate times this
+
+
+def spot_catalog(billing: str, stress: float) -> Catalog:
+    """The default catalog (its spot discounts and rates) with rates scaled by ``stress``."""
+    catalog = catalog_for(billing)
+    types = {}
+    for name, t in catalog.instance_types.items():
+        if t.spot is not None:
+            rate = {"interruptions_per_hour": t.spot.interruptions_per_hour * stress}
+            t = t.model_copy(update={"spot": t.spot.model_copy(update=rate)})
+        types[name] = t
+    return catalog.model_copy(update={"instance_types": types})
+
+
+def with_spot(spec: JobSpec, spot: bool) -> JobSpec:
+    return spec.model_copy(update={"compute": spec.compute.model_copy(update={"spot": spot})})
+
+
+def static_spot(
+    planner: RubberBand, simulator: Simulator, plan: Any, deadline: float
+) -> tuple[float | None, str | None]:
+    """Mean cost of the cheapest static spot pool (of the job's quota at most) that meets
+    the deadline by the planner's rule for spot plans, and its type; None when none does."""
+    from planners.cost.baselines import static_pool
+
+    best: tuple[float, str] | None = None
+    quota = planner.max_gpus or 10**6
+    for instance in planner.types:
+        if instance.spot is None:
+            continue
+        top = quota // instance.gpus
+        low, high, found = 1, top, None
+        while low <= high:  # JCT falls as nodes grow: bisect the fewest that meet it
+            mid = (low + high) // 2
+            pool = static_pool(simulator, plan, instance.name, mid, market="spot")
+            outcome = None if pool is None else simulator.run(pool)
+            if outcome is not None and planner.judged(outcome.jct, True) <= deadline:
+                found, high = outcome.cost_mean, mid - 1
+            else:
+                low = mid + 1
+        if found is not None and (best is None or found < best[0]):
+            best = (found, instance.name)
+    return (None, None) if best is None else best
+
+
+def run_spot_scenario(scenario: Scenario, market: str, stress: float) -> dict[str, Any]:
+    catalog = spot_catalog(scenario.billing, stress)
+    fastest = fastest_p95(spec_for(scenario, None), catalog)
+    deadline = math.ceil(fastest * (1.25 if scenario.deadline == "tight" else 4.0))
+    spec = spec_for(scenario, deadline)
+
+    started = time.perf_counter()
+    on_demand = plan_job(with_spot(spec, False), catalog=catalog)
+    od_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    spot = plan_job(with_spot(spec, True), catalog=catalog)
+    seconds = time.perf_counter() - started
+
+    fresh = Simulator(catalog, job_profile(spec), samples=FRESH_SAMPLES, seed=20_240_607)
+    again, again_od = fresh.run(spot.plan), fresh.run(on_demand.plan)
+    simulator = Simulator(catalog, job_profile(spec), samples=SAMPLES)
+    planner = RubberBand(
+        simulator, list(scenario.types), deadline=deadline, max_gpus=scenario.max_gpus, spot=True
+    )
+    static_spot_cost, static_spot_type = static_spot(planner, simulator, spot.plan, deadline)
+    cost, od_cost = spot.outcome.cost_mean, on_demand.outcome.cost_mean
+    static_max, static_min = spot.baselines
+    stages = spot.plan.stages
+    return {
+        "scenario": f"{scenario.name}-{scenario.deadline}-{market}",
+        "market": market,
+        "interruption_scale": stress,
+        "billing": scenario.billing,
+        "deadline": scenario.deadline,
+        "deadline_s": deadline,
+        "feasible": spot.feasible,
+        "spot_stages": sum(s.market == "spot" for s in stages),
+        "stages": len(stages),
+        "expected_interruptions": round(float(spot.outcome.interruptions.mean()), 3),
+        "spot_plan_cost_usd": round(cost, 4),
+        "on_demand_plan_cost_usd": round(od_cost, 4),
+        "spot_over_on_demand": round(cost / od_cost, 3),
+        "static_max_over_spot_plan": _ratio(static_max, cost),
+        "static_min_over_spot_plan": _ratio(static_min, cost),
+        "static_spot_over_spot_plan": (
+            None if static_spot_cost is None else round(static_spot_cost / cost, 3)
+        ),
+        "static_spot_type": static_spot_type,
+        "spot_plan_jct_p95_s": round(spot.outcome.jct_q, 1),
+        "deadline_hit_rate": round(float(np.mean(again.jct <= deadline)), 4),
+        "on_demand_deadline_hit_rate": round(float(np.mean(again_od.jct <= deadline)), 4),
+        "fresh_interruptions": round(float(again.interruptions.mean()), 3),
+        "planning_s": round(seconds, 3),
+        "on_demand_planning_s": round(od_seconds, 3),
+    }
+
+
+def main_spot() -> None:
+    by_name = {(s.name, s.deadline): s for s in SCENARIOS}
+    rows = []
+    header = (
+        f"{'scenario':40} {'spot':>5} {'E[int]':>6} {'spot $':>9} {'od $':>9} {'spot/od':>7} "
+        f"{'max/spot':>8} {'min/spot':>8} {'sspot/sp':>8} {'hit':>6} {'od hit':>6} {'plan s':>6}"
+    )
+    print(header)
+    print("-" * len(header))
+    for market, stress in (("aws", 1.0), (f"aws-x{STRESS}", float(STRESS))):
+        for name in SPOT_SCENARIOS:
+            for deadline in ("tight", "loose"):
+                row = run_spot_scenario(by_name[(name, deadline)], market, stress)
+                rows.append(row)
+
+                def show(value: float | None) -> str:
+                    return "n/a" if value is None else f"{value:.2f}"
+
+                print(
+                    f"{row['scenario']:40} {row['spot_stages']:>2}/{row['stages']:<2} "
+                    f"{row['expected_interruptions']:6.2f} {row['spot_plan_cost_usd']:9.2f} "
+                    f"{row['on_demand_plan_cost_usd']:9.2f} {row['spot_over_on_demand']:7.3f} "
+                    f"{show(row['static_max_over_spot_plan']):>8} "
+                    f"{show(row['static_min_over_spot_plan']):>8} "
+                    f"{show(row['static_spot_over_spot_plan']):>8} "
+                    f"{row['deadline_hit_rate']:6.1%} {row['on_demand_deadline_hit_rate']:6.1%} "
+                    f"{row['planning_s']:6.2f}"
+                )
+
+    def mean(key: str, where: Any = lambda r: True) -> float:
+        values = [r[key] for r in rows if where(r) and r[key] is not None]
+        return round(float(np.mean(values)), 3)
+
+    summary = {
+        "scenarios": len(rows),
+        "all_feasible": all(r["feasible"] for r in rows),
+        "with_spot_stages": sum(r["spot_stages"] > 0 for r in rows),
+        "mean_spot_over_on_demand_aws": mean("spot_over_on_demand", lambda r: r["market"] == "aws"),
+        "mean_spot_over_on_demand_stressed": mean(
+            "spot_over_on_demand", lambda r: r["market"] != "aws"
+        ),
+        "worst_spot_over_on_demand": max(r["spot_over_on_demand"] for r in rows),
+        "mean_static_max_over_spot_plan": mean("static_max_over_spot_plan"),
+        "mean_static_min_over_spot_plan": mean("static_min_over_spot_plan"),
+        "mean_static_spot_over_spot_plan": mean("static_spot_over_spot_plan"),
+        "min_static_spot_over_spot_plan": min(
+            r["static_spot_over_spot_plan"] for r in rows if r["static_spot_over_spot_plan"]
+        ),
+        "min_deadline_hit_rate": min(r["deadline_hit_rate"] for r in rows),
+        "hit_rate_at_least_95pct": sum(r["deadline_hit_rate"] >= 0.95 for r in rows),
+        "max_planning_s": max(r["planning_s"] for r in rows),
+        "max_on_demand_planning_s": max(r["on_demand_planning_s"] for r in rows),
+    }
+    targets = {
+        "spot plan never dearer than the on-demand plan": summary["worst_spot_over_on_demand"]
+        <= 1.0 + 1e-9,
+        "deadline hit >= 95% under interruptions (fresh seeds)": (
+            summary["min_deadline_hit_rate"] >= 0.95
+        ),
+    }
+    print()
+    for key, value in summary.items():
+        print(f"{key:48} {value}")
+    print()
+    for key, met in targets.items():
+        print(f"{'MET   ' if met else 'MISSED'} {key}")
+
+    out = Path(__file__).parent / "results" / "planner_spot.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "cost planner on spot capacity (issue 7)",
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+                "samples": SAMPLES,
+                "fresh_samples": FRESH_SAMPLES,
+                "catalog_prices_read": read_catalog().prices_read,
+                "markets": {
+                    "aws": "default catalog: its spot discounts and interruption rates",
+                    f"aws-x{STRESS}": f"the same with every interruption rate times {STRESS}",
+                },
+                "summary": summary,
+                "targets": targets,
+                "scenarios": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"\nwrote {out}")
+
+
 if __name__ == "__main__":
-    main()
+    main_spot() if "--spot" in sys.argv[1:] else main()

@@ -34,6 +34,8 @@ def _quiet_defaults() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+    # The local server migrates a fresh database first: 20 s is too little on a busy laptop.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # Checkpoint downloads would each draw a progress bar over ours.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
@@ -149,6 +151,31 @@ def _print_plan(report: Any) -> None:
         console.print(line, highlight=False)
 
 
+# --- profile ----------------------------------------------------------------------------
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    spec = _load(args)
+    from tasks.profile import measure
+
+    _quiet_optuna()
+    result = measure(spec, units=args.units)
+    if args.out:
+        import yaml
+
+        with open(args.out, "w") as out:
+            yaml.safe_dump({"profile": result["profile"]}, out, sort_keys=False)
+
+    def human(data: dict[str, Any]) -> None:
+        import yaml
+
+        print(f"# measured on {data['device']}: {data['configs']} configs x {data['units']} units")
+        print(yaml.safe_dump({"profile": data["profile"]}, sort_keys=False), end="")
+
+    _emit(result, args.json, human)
+    return 0
+
+
 # --- simulate ---------------------------------------------------------------------------
 
 
@@ -199,6 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seeds", type=int, default=1, help="independent runs")
     sim.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     sim.set_defaults(handler=cmd_simulate)
+
+    prof = commands.add_parser("profile", help="measure seconds per resource unit here")
+    prof.add_argument("job", help="job file (YAML)")
+    prof.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    prof.add_argument("--units", type=int, default=3, help="resource units per config")
+    prof.add_argument("--out", metavar="FILE.yaml", help="write the profile: section there")
+    prof.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    prof.set_defaults(handler=cmd_profile)
 
     again = commands.add_parser("resume", help="continue a job whose driver died")
     again.add_argument("job_id", help="the id printed as `job <ID>`")

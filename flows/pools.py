@@ -4,7 +4,6 @@ and the pool is sized stage by stage through an infra backend."""
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 from dataclasses import dataclass
@@ -17,13 +16,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowFilter, WorkPoolFilter
 from prefect.deployments import run_deployment
+from prefect.states import Cancelling
 
 from flows.segment import FLOW_NAME, flow_parameters, train_segment_flow
 from infra.backends import make_backend
 from infra.pools import read_pool, wait_for_worker
 from infra.sizing import InfraError, PoolBackend
 from infra.template import gpu_job_variables
-from planners.schedulers.base import Result, Segment
+from planners.schedulers.base import Segment
 from planners.spec import JobSpec, SpecError
 from tasks.tracking import Tracker
 from tasks.train import JobRef, SegmentReport, report_name
@@ -111,20 +111,21 @@ def launch_segment(
     config: dict[str, Any],
     run_id: str,
     job_variables: dict[str, Any],
+    timeout: float | None = None,
 ) -> SegmentReport:
     run = run_deployment(
         deployment,
         parameters=flow_parameters(job, segment, config, run_id),
         job_variables=job_variables,
         poll_interval=1,
+        timeout=timeout,
     )
+    if not run.state or not run.state.is_final():
+        # Hung: cancelling makes the worker kill the process, which frees its GPUs.
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(run.id, Cancelling(), force=True)
+        return SegmentReport.failure(segment, f"timeout: segment ran over {timeout:g} s")
     report = Tracker(job.mlflow_uri, job.experiment).load_report(run_id, report_name(segment))
     if report is None:
         raise WorkerLost(f"flow run {run.name} ended {run.state_name} without a report")
     return SegmentReport.from_dict(report)
-
-
-def lost(segment: Segment, error: BaseException) -> SegmentReport:
-    """A segment whose every attempt lost its worker: the trial fails, the job goes on."""
-    result = Result(segment.trial, segment.start, math.inf, failed=True)
-    return SegmentReport(result, (), f"worker lost: {error}")

@@ -13,7 +13,6 @@ whose driver died and carries on, re-running no finished segment.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import re
 import time
@@ -22,20 +21,20 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-import mlflow
 import optuna
 import torch
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.futures import PrefectFuture, as_completed
 from prefect.states import Failed
+from prefect.task_engine import TaskRunTimeoutError
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.pools import PoolTarget, WorkerLost, launch_segment, lost, open_pool
+from flows.pools import PoolTarget, WorkerLost, launch_segment, open_pool
 from flows.progress import JobProgress
 from infra.sizing import InfraError, publish_sizing
 from planners.cost import plan_job
-from planners.loop import StudyJournal, TuningLoop
+from planners.loop import Best, StudyJournal, TuningLoop
 from planners.plan import Plan, Stage, allocate, compile_plan, is_staged
 from planners.schedulers.base import Action, Decision, Segment, rank_key
 from planners.space import make_sampler
@@ -99,7 +98,14 @@ class Job:
         self._metric_seen = False
 
     @classmethod
-    def create(cls, spec: JobSpec, job_id: str, plan: Plan | None, pool: PoolTarget | None) -> Job:
+    def create(
+        cls,
+        spec: JobSpec,
+        job_id: str,
+        plan: Plan | None,
+        pool: PoolTarget | None,
+        warm_start: list[dict[str, Any]],
+    ) -> Job:
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
         study = optuna.create_study(
             study_name=job_id,
@@ -112,6 +118,8 @@ class Job:
             flatten(spec.model_dump(mode="json")),
             {"elastune.scheduler": spec.scheduler.name, "elastune.sampler": spec.sampler.name},
         )
+        for config in warm_start:  # tried first, before the sampler proposes anything
+            study.enqueue_trial(config, skip_if_exists=True)
         study.set_user_attr(SPEC_ATTR, spec.model_dump(mode="json"))
         study.set_user_attr(RUN_ATTR, parent)
         job = cls(spec, job_id, study, tracker, parent, plan)
@@ -150,11 +158,15 @@ class Job:
         stage = self.stage_of(segment)
         if stage is not None:
             segment = replace(segment, gpus=stage.gpus_per_trial)
+        timeout = self.spec.compute.segment_timeout
         if self.pool is None:
-            return train_segment.submit(self.ref, segment, config, run_id)
+            # Prefect's timeout interrupts a trainable stuck in Python code; one blocked
+            # inside a C call ends when the call returns (work-pool mode kills the process).
+            train = train_segment.with_options(timeout_seconds=timeout)
+            return train.submit(self.ref, segment, config, run_id)
         variables = self.pool.job_variables(segment.gpus, stage and stage.instance_type)
         return launch_segment.submit(
-            self.pool.deployment, self.ref, segment, config, run_id, variables
+            self.pool.deployment, self.ref, segment, config, run_id, variables, timeout
         )
 
     def record(self, segment: Segment, report: SegmentReport) -> list[Decision]:
@@ -293,12 +305,14 @@ class Job:
         for decision in self.loop.finish():
             self._track(decision)
         best = self.loop.best()
+        model = None
         if best is not None:
             run_id = self.runs[best.trial]
             self.tracker.set_tags(run_id, {"elastune.best": "true"})
             self.tracker.set_tags(self.parent, {"elastune.best_trial": best.trial})
             self.tracker.log_metrics(self.parent, {f"best_{self.spec.metric}": best.metric}, 0)
-            register_best(self.spec, self.ref, best.trial, best.config, run_id)
+            model = register_best(self, best)
+            self.tracker.set_tags(self.parent, {"elastune.registered": model["version"]})
         self.tracker.end_run(self.parent)
         return {
             "job_id": self.job_id,
@@ -310,6 +324,7 @@ class Job:
             "wall_seconds": round(time.monotonic() - self.began, 3),
             "mlflow_run_id": self.parent,
             "optuna_storage": self.storage,
+            "model": model,
         }
 
     def abort(self, bad_input: bool) -> None:
@@ -322,37 +337,39 @@ class Job:
                 self.tracker.end_run(run_id, "FAILED")
 
 
-def register_best(
-    spec: JobSpec, ref: JobRef, trial: int, config: dict[str, Any], run_id: str
-) -> None:
-    """Rebuild the best trial's model from its last checkpoint and register it.
+def register_best(job: Job, best: Best) -> dict[str, Any]:
+    """Register the best trial's model under the job's name when it beats the registered one.
 
     The trainable is called once more with nothing left to train: it builds its model and
-    restores the checkpoint, and the object it passes as ``model=`` is logged.
+    restores the best checkpoint, and the object it passes as ``model=`` is logged.
     """
-    tracker = Tracker(ref.mlflow_uri, ref.experiment)
+    spec, run_id = job.spec, job.runs[best.trial]
+    previous = job.tracker.registered(spec.name)
+    outcome: dict[str, Any] = {"name": spec.name, "version": None, "previous": None}
+    if previous is not None:
+        outcome["previous"] = {"version": previous[0], "metric": previous[1]}
+        if spec.loss(best.metric) >= spec.loss(previous[1]):
+            return outcome  # not better: the registry keeps its model
     ctx = TrialContext(
-        trial=trial, start=0, stop=0, max_resource=ref.max_resource, run_id=run_id, tracker=tracker
+        trial=best.trial,
+        start=0,
+        stop=0,
+        max_resource=job.ref.max_resource,
+        run_id=run_id,
+        tracker=job.tracker,
     )
-    load_trainable(spec.trainable)(dict(config), ctx)
+    load_trainable(spec.trainable)(dict(best.config), ctx)
     model = ctx.objects.get("model")
     if not isinstance(model, torch.nn.Module):
         get_run_logger().warning("trainable passes no model= to ctx.restore; nothing registered")
-        return
-    mlflow.set_tracking_uri(tracker.uri)
-    # Pickle is chosen on purpose (pt2 would need an input example and returns a GraphModule,
-    # STACK.md §4), so MLflow's warning about it is noise here.
-    quiet = logging.getLogger("mlflow.pytorch")
-    level, quiet.level = quiet.level, logging.ERROR
-    with mlflow.start_run(run_id=run_id):
-        mlflow.pytorch.log_model(
-            model,
-            name="model",
-            serialization_format="pickle",
-            registered_model_name=spec.name,
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-        )
-    quiet.setLevel(level)
+        return outcome
+    tags = {
+        "elastune.metric": best.metric,
+        "elastune.job_id": job.job_id,
+        "elastune.trial": best.trial,
+    }
+    outcome["version"] = job.tracker.register(run_id, model, spec.name, tags)
+    return outcome
 
 
 def plan_for(spec: JobSpec) -> Plan | None:
@@ -371,15 +388,22 @@ def plan_for(spec: JobSpec) -> Plan | None:
 
 @flow(name="tune", task_runner=ThreadPoolTaskRunner(max_workers=64))
 def tune(
-    job_file: str, overrides: list[str] | None = None, job_id: str | None = None
+    job_file: str,
+    overrides: list[str] | None = None,
+    job_id: str | None = None,
+    warm_start: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Run the tuning job described by ``job_file`` and return its summary."""
+    """Run the tuning job described by ``job_file`` and return its summary.
+
+    ``warm_start`` configurations are tried first (the nightly flow passes last night's best).
+    """
     with bad_input_fails_the_run() as outcome:
         spec = load_job(job_file, overrides or ())
         load_trainable(spec.trainable)
         plan = plan_for(spec)
         pool = None if spec.compute.pool == "local" else open_pool(spec)
-        outcome.value = drive(Job.create(spec, job_id or new_job_id(spec.name), plan, pool))
+        job_id = job_id or new_job_id(spec.name)
+        outcome.value = drive(Job.create(spec, job_id, plan, pool, warm_start or []))
     return outcome.value
 
 
@@ -472,8 +496,13 @@ def drive(job: Job) -> dict[str, Any]:
                 segment = running.pop(future)
                 try:
                     report = future.result()
-                except WorkerLost as exc:
-                    report = lost(segment, exc)
+                except WorkerLost as exc:  # every retry lost its worker
+                    report = SegmentReport.failure(segment, f"worker lost: {exc}")
+                except TaskRunTimeoutError:
+                    timeout = spec.compute.segment_timeout
+                    report = SegmentReport.failure(
+                        segment, f"timeout: segment ran over {timeout:g} s"
+                    )
                 decisions = job.record(segment, report)
                 stage = f"stage b{segment.bracket}-r{segment.rung}"
                 progress.update(stage, job.best_metric())

@@ -272,7 +272,7 @@ class EcsCapacity(Sizer):
                 f"gpus_per_trial must be an integer >= 1, got {g:g}"
             )
         target = self._group_for(demand)
-        nodes = nodes_needed([g] * demand.slots, target.gpus_per_node) if demand.slots else 0
+        nodes = nodes_needed((g,) * demand.slots, target.gpus_per_node)
         if nodes > target.max_size:
             raise CapacityError(
                 f"stage {demand.stage!r} needs {nodes} x {target.instance_type} "

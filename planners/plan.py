@@ -32,6 +32,7 @@ class Stage:
     # Set by a cost planner: segments of this stage that run at once, and where.
     slots: int | None = None
     instance_type: str | None = None
+    market: str = "on-demand"  # or "spot"
 
     @property
     def name(self) -> str:
@@ -63,14 +64,15 @@ class Plan:
 
     def to_markdown(self) -> str:
         rows = [
-            "| stage | bracket | rung | trials | resource | GPUs/trial | at once | instance |",
-            "|---|---|---|---|---|---|---|---|",
+            "| stage | bracket | rung | trials | resource | GPUs/trial | at once | instance |"
+            " market |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for s in self.stages:
             rows.append(
                 f"| {s.name} | {s.bracket} | {s.rung} | {s.trials} | "
                 f"{s.start:g} → {s.stop:g} | {s.gpus_per_trial:g} | "
-                f"{s.slots or self.workers} | {s.instance_type or 'local'} |"
+                f"{s.slots or self.workers} | {s.instance_type or 'local'} | {s.market} |"
             )
         return "\n".join(rows)
 
@@ -83,6 +85,7 @@ class Allocation(Protocol):
     gpus_per_trial: float
     instance_type: str
     concurrent: int
+    market: str
 
 
 def allocate(plan: Plan, allocations: Iterable[Allocation]) -> Plan:
@@ -97,6 +100,7 @@ def allocate(plan: Plan, allocations: Iterable[Allocation]) -> Plan:
                 gpus_per_trial=a.gpus_per_trial,
                 slots=a.concurrent,
                 instance_type=a.instance_type,
+                market=a.market,
             )
         )
     return Plan(tuple(stages), plan.workers)

@@ -47,6 +47,24 @@ def distributions(spec: JobSpec) -> dict[str, BaseDistribution]:
     return out
 
 
+def contains(spec: JobSpec, config: dict[str, Any]) -> bool:
+    """Is ``config`` a point of the job's space (same names, values within bounds)?
+
+    Warm starts enqueue last night's best configurations; a space that changed since may
+    no longer hold them.
+    """
+    if set(config) != set(spec.space):
+        return False
+    for name, param in spec.space.items():
+        value = config[name]
+        if isinstance(param, CategoricalParam):
+            if value not in param.choices:
+                return False
+        elif not param.low <= value <= param.high:
+            return False
+    return True
+
+
 def grid(spec: JobSpec) -> dict[str, list[Any]]:
     """Every value of every parameter; floats need a ``step`` to have a finite grid."""
     values: dict[str, list[Any]] = {}

@@ -289,9 +289,18 @@ class ComputeSpec(_Strict):
     instance_types: list[str] = Field(default_factory=list)
     max_gpus: int | None = Field(default=None, ge=1)
     ecs: EcsSpec | None = None
+    # Whether the cost planner may put stages on spot instances (discounted, interruptible).
+    spot: bool = Field(default=False, strict=True)
+    # A segment running longer is ended and its trial marked failed (hung trainables).
+    segment_timeout: float | None = None
     # A segment whose width cannot run (the profile does not cover it, the pool is too
     # small, or the trainable is not data-parallel) runs on 1 GPU instead of failing the job.
     elastic_fallback: bool = False
+
+    @field_validator("segment_timeout", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
 
 
 class TrackingSpec(_Strict):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import tempfile
 import time
@@ -167,6 +168,49 @@ class Tracker:
             path = self.client.download_artifacts(source_run_id, artifact, tmp)
             self.client.log_artifact(target_run_id, path, CHECKPOINTS)
         return resource
+
+    # --- the model registry --------------------------------------------------------------
+
+    def registered(self, name: str) -> tuple[str, float] | None:
+        """(version, metric) of the newest version of registered model ``name``."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            versions = self.client.search_model_versions(f"name = '{name}'")
+        except MlflowException:
+            return None
+        tagged = [v for v in versions if "elastune.metric" in v.tags]
+        if not tagged:
+            return None
+        newest = max(tagged, key=lambda v: int(v.version))
+        return str(newest.version), float(newest.tags["elastune.metric"])
+
+    def register(self, run_id: str, model: Any, name: str, tags: dict[str, Any]) -> str:
+        """Log ``model`` (a torch module) in ``run_id`` and register it as a new version."""
+        import mlflow
+        import torch
+
+        mlflow.set_tracking_uri(self.uri)
+        # Pickle is chosen on purpose (pt2 needs an input example and loads back as a
+        # GraphModule, STACK.md §4), so MLflow's warning about it is noise here.
+        noisy = logging.getLogger("mlflow.pytorch")
+        level = noisy.level
+        noisy.setLevel(logging.ERROR)
+        try:
+            with mlflow.start_run(run_id=run_id):
+                info = mlflow.pytorch.log_model(
+                    model,
+                    name="model",
+                    serialization_format="pickle",
+                    registered_model_name=name,
+                    pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+                )
+        finally:
+            noisy.setLevel(level)
+        version = str(info.registered_model_version)
+        for key, value in tags.items():
+            self.client.set_model_version_tag(name, version, key, str(value))
+        return version
 
     # --- segment reports (how a remote worker's result reaches the tune flow) ------------
 

@@ -208,6 +208,11 @@ class SegmentReport:
         return asdict(self)
 
     @classmethod
+    def failure(cls, segment: Segment, reason: str) -> SegmentReport:
+        """A segment that produced nothing (timed out, lost its worker): the trial fails."""
+        return cls(Result(segment.trial, segment.start, math.inf, failed=True), (), reason)
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SegmentReport:
         result = dict(data["result"])
         result["history"] = tuple(tuple(point) for point in result["history"])
@@ -334,6 +339,15 @@ def run_segment(
             job, segment, config, run_id, trainable, tracker, device, gpu_ids
         )
     seconds = time.perf_counter() - began
+    if not reports and error is None and resource >= segment.stop:
+        # This segment finished before a crash lost its report: it checkpointed at (or past)
+        # its stop, so it trained nothing now (it resumed at ``resource``). Its metrics are
+        # in MLflow already.
+        reports = [
+            (float(step), {job.metric: value})
+            for step, value in sorted(tracker.metric_history(run_id, job.metric))
+            if segment.start < step <= resource
+        ]
     history = tuple((r, job.loss(m[job.metric])) for r, m in reports if job.metric in m)
     seen = tuple(sorted({k for _, metrics in reports for k in metrics}))
     if error is None and history and not math.isfinite(history[-1][1]):

@@ -14,6 +14,7 @@ import pytest
 _HOME = tempfile.mkdtemp(prefix="elastune-prefect-")
 os.environ["PREFECT_HOME"] = _HOME
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
 os.environ.pop("PREFECT_API_URL", None)

@@ -6,9 +6,9 @@ import pytest
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.baselines import static_pool
 from planners.cost.catalog import parse_catalog
-from planners.cost.placement import nodes_needed, place
 from planners.cost.profile import Profile
 from planners.cost.simulate import Simulator
+from planners.placement import nodes_needed
 
 # §5.6: 4-GPU nodes at $12.24/h, 3 min to become ready, billed from request; 12 min per
 # epoch on 1 GPU, S = {2: 1.8, 4: 3.2}; SHA with (8, 4, 2) trials training (1, 2, 4) epochs.
@@ -97,15 +97,10 @@ def test_waves_when_the_pool_is_smaller_than_the_stage() -> None:
     assert outcome.cost_mean == pytest.approx(12.24 * (180 + 1200) / 3600)
 
 
-def test_placement_co_locates_and_never_splits_a_trial() -> None:
-    placed = place((1.0, 4.0, 2.0, 1.0), 4)
-    assert placed.nodes == 2
-    by_trial = [placed.slots[s] for s in placed.trial_slot]
-    assert by_trial[1].node == 0 and by_trial[1].gpus == 4  # the 4-GPU trial fills a node
-    assert {by_trial[i].node for i in (0, 2, 3)} == {1}  # best fit packs the rest together
-    assert place((0.5,) * 9, 4).nodes == 2  # GPU shares: 8 trials per 4-GPU node
-    with pytest.raises(ValueError, match="does not fit one node"):
-        place((8.0,), 4)
+def test_trials_wider_than_a_node_are_refused_by_the_cost_model() -> None:
+    stage = StagePlan(0, 0, (GpuTier(1, 8.0, 1),), "p3.8xlarge", 2)
+    with pytest.raises(ValueError, match=r"8 GPUs does not fit one p3\.8xlarge node"):
+        Simulator(PER_SECOND, profile(), samples=2).run(AllocationPlan(((stage,),)))
 
 
 def test_common_random_numbers_and_resumed_prefixes() -> None:

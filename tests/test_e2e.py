@@ -107,16 +107,21 @@ def test_asha_promotes_by_resuming_from_checkpoints(tmp_path, stores, capsys) ->
     assert max(reached) == 9 and reached.count(1) < len(reached)
 
 
-def test_failing_and_nan_trials_are_marked_failed_and_the_job_goes_on(
+def test_failing_nan_and_hung_trials_are_marked_failed_and_the_job_goes_on(
     tmp_path, stores, capsys
 ) -> None:
-    for trainable, reason in [("flaky", "diverged"), ("nan_for_small_x", "is nan")]:
+    for trainable, reason in [
+        ("flaky", "diverged"),
+        ("nan_for_small_x", "is nan"),
+        ("hangs_for_small_x", "timeout: segment ran over 2 s"),
+    ]:
         code, summary, err = run_job(
             tmp_path,
             stores,
             capsys,
             trainable=f"tests.trainables:{trainable}",
             sampler={"name": "random", "seed": 1},
+            compute={"workers": 2, "segment_timeout": "2s"},
         )
         assert code == 0, err
         runs = child_runs(tmp_path, summary["mlflow_run_id"])
@@ -167,4 +172,39 @@ def test_cli_process_prints_only_json_on_stdout(tmp_path, stores) -> None:
         "wall_seconds",
         "mlflow_run_id",
         "optuna_storage",
+        "model",
     }
+    assert summary["model"]["version"] == "1" and summary["model"]["previous"] is None
+
+
+def test_profile_measures_seconds_per_unit_and_feeds_the_planner(tmp_path, capsys) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(JOB))
+    out = tmp_path / "profile.yaml"
+    assert main(["profile", str(path), "--json", "--out", str(out)]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    assert measured["profile"]["seconds_per_unit"]["1"] > 0
+    # The written section is a valid profile: the job plans with it.
+    job = {**JOB, **yaml.safe_load(out.read_text()), "budget": {"deadline": "1h"}}
+    path.write_text(yaml.safe_dump(job))
+    assert main(["plan", str(path), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["stages"] and plan["jct_s"]["p95"] > 0
+
+
+def test_a_planned_job_runs_with_the_plan_allocations(tmp_path, stores, capsys) -> None:
+    profile = {"seconds_per_unit": {1: 60}, "speedup": {2: 1.8, 4: 3.2}}
+    code, summary, err = run_job(
+        tmp_path,
+        stores,
+        capsys,
+        budget={"deadline": "2h"},
+        profile=profile,
+        compute={"workers": 2, "instance_types": ["g5.xlarge", "g5.12xlarge"]},
+    )
+    assert code == 0, err
+    assert summary["segments"] == 13
+    from prefect.artifacts import Artifact
+
+    plan = Artifact.get(f"{summary['job_id']}-plan").data
+    assert "g5." in plan  # each stage names the instance type the cost planner chose

@@ -59,6 +59,13 @@ def logged_quadratic(config: dict, ctx: TrialContext) -> None:
     quadratic(config, ctx, log)
 
 
+def hangs_for_small_x(config: dict, ctx: TrialContext) -> None:
+    """Never returns for small x (a hung data loader, say); otherwise as :func:`quadratic`."""
+    while config["x"] < 0.3:
+        time.sleep(0.05)
+    quadratic(config, ctx)
+
+
 def rank_one_raises(config: dict, ctx: TrialContext) -> None:
     """Data-parallel in name: every rank reports, and rank 1 raises after its first epoch."""
     for epoch in ctx.range(ctx.restore()):

@@ -57,9 +57,14 @@ class Baseline:
 
 
 def static_pool(
-    simulator: Simulator, plan: AllocationPlan, instance_type: str, nodes: int
+    simulator: Simulator,
+    plan: AllocationPlan,
+    instance_type: str,
+    nodes: int,
+    market: str = "on-demand",
 ) -> AllocationPlan | None:
-    """The work of ``plan`` on ``nodes`` nodes of ``instance_type`` held for the whole job.
+    """The work of ``plan`` on ``nodes`` nodes of ``instance_type`` held for the whole job
+    (bought on ``market``; the reported baselines are on-demand pools).
 
     None when the type cannot run it (a tier wider than a node, or fewer nodes than
     brackets).
@@ -79,10 +84,10 @@ def static_pool(
                 job = Stage(stage.bracket, stage.rung, tier.trials, tier.start, tier.stop)
                 if not profile.counts_for(instance):
                     return None
-                stages.append(fastest_stage(profile, job, instance, share, hold=True))
+                stages.append(fastest_stage(profile, job, instance, share, True, market))
             elif max(t.gpus for t in stage.tiers) <= instance.gpus:
                 stages.append(
-                    StagePlan(stage.bracket, stage.rung, stage.tiers, instance.name, share)
+                    StagePlan(stage.bracket, stage.rung, stage.tiers, instance.name, share, market)
                 )
             else:
                 return None

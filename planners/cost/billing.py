@@ -50,7 +50,12 @@ class BillingRule(BaseModel):
         if np.any(alive < 0):
             raise ValueError(f"seconds alive must not be negative, got {alive.min()}")
         quanta = alive / self.quantum_s
-        whole = np.ceil(quanta - _SLACK * np.maximum(quanta, 1.0))
+        if np.isfinite(quanta).all():
+            whole = np.ceil(quanta - _SLACK * np.maximum(quanta, 1.0))
+        else:  # an instance that is never released (a stage that never ends) costs inf
+            with np.errstate(invalid="ignore"):
+                whole = np.ceil(quanta - _SLACK * np.maximum(quanta, 1.0))
+            whole = np.where(np.isinf(quanta), quanta, whole)
         return np.maximum(whole * self.quantum_s, self.min_charge_s)
 
     def charge(self, price_per_hour: float, seconds: ArrayLike) -> NDArray[np.float64]:

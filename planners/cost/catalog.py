@@ -13,6 +13,10 @@ Example:
     >>> node = catalog.get("p3.8xlarge")
     >>> node.gpus, node.price_per_gpu_hour, node.startup.mean_s, node.billing.min_charge_s
     (4, 3.06, 180.0, 60.0)
+    >>> spot = parse_catalog({"instance_types": {"g5.xlarge": {"gpus": 1, "gpu": "A10G",
+    ...     "price_per_hour": 1.0, "spot": {"discount": 0.6, "interruptions_per_hour": 0.5}}}})
+    >>> spot.get("g5.xlarge").price("spot"), spot.get("g5.xlarge").interruptions_per_second("spot")
+    (0.4, 0.0001388888888888889)
     >>> parse_catalog({"instance_types": {}})
     Traceback (most recent call last):
     ...
@@ -30,14 +34,10 @@ from typing import Any
 import numpy as np
 import yaml
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from planners.cost.billing import BillingRule
-from planners.spec import SpecError, _format_error
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from planners.spec import SpecError, _format_error, _Strict
 
 
 class Delay(_Strict):
@@ -55,8 +55,12 @@ class Delay(_Strict):
         return np.exp(mu + math.sqrt(sigma2) * z)
 
 
+MARKETS = ("on-demand", "spot")
+
+
 class Spot(_Strict):
-    """Spot market figures, carried for the executor (the planner plans on-demand)."""
+    """Spot market figures: the price is ``(1 - discount)`` of the on-demand price, and a
+    running instance is interrupted as a Poisson process at ``interruptions_per_hour``."""
 
     discount: float = Field(gt=0, lt=1)
     interruptions_per_hour: float = Field(ge=0)
@@ -79,6 +83,22 @@ class InstanceType(_Strict):
     @property
     def price_per_gpu_hour(self) -> float:
         return self.price_per_hour / self.gpus
+
+    def price(self, market: str = "on-demand") -> float:
+        """Dollars per node-hour on ``market`` (``on-demand`` or ``spot``)."""
+        if market == "on-demand":
+            return self.price_per_hour
+        if market != "spot":
+            raise ValueError(f"market must be one of {MARKETS}, got {market!r}")
+        if self.spot is None:
+            raise ValueError(f"{self.name} has no spot prices in the catalog")
+        return self.price_per_hour * (1 - self.spot.discount)
+
+    def interruptions_per_second(self, market: str = "on-demand") -> float:
+        """Rate at which one running node is interrupted on ``market`` (0 on-demand)."""
+        if market == "spot" and self.spot is not None:
+            return self.spot.interruptions_per_hour / 3600
+        return 0.0
 
 
 class Catalog(_Strict):

@@ -1,10 +1,12 @@
 """The plan as a Gantt chart: instances over time, the trials on them, spend and deadline.
 
-One row per instance (grouped by bracket, labelled with its type); within a row each
-trial's segment is a box as tall as its share of the node's GPUs, coloured by stage. The
-hatched part of a row is the startup and queueing the instance is billed for before it is
-ready. Below, the money spent so far and the GPUs held. Times are the plan played once
-with mean times (the nominal trace); the title gives the Monte Carlo p50/p95.
+One row per instance (grouped by bracket, labelled with its type, and "spot" for a spot
+instance); within a row each trial's segment is a box as tall as its share of the node's
+GPUs, coloured by stage and cross-hatched on spot instances. The hatched part of a row is
+the startup and queueing the instance is billed for before it is ready. Below, the money
+spent so far and the GPUs held. Times are the plan played once with mean times and no
+spot interruption (the nominal trace); the title gives the Monte Carlo p50/p95, which
+include them, and the legend every spot stage's expected interruptions.
 
 This module imports matplotlib (Agg backend), so ``planners.cost`` does not.
 
@@ -68,45 +70,33 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
         gridspec_kw={"height_ratios": [height, 2.4], "hspace": 0.08},
     )
 
+    def box(start: float, end: float, top: float, tall: float, **style: object) -> None:
+        """A box over seconds ``start``..``end``, ``tall`` row heights from ``top``."""
+        ax.add_patch(Rectangle((start / unit, top), (end - start) / unit, tall, **style))
+
     # Instances: billed lifetime (hatched while starting), then the trials on them.
     for n in nodes:
-        y = row[n.node]
-        ax.add_patch(
-            Rectangle(
-                (n.requested / unit, y + _PAD / 2),
-                (n.released - n.requested) / unit,
-                1 - _PAD,
-                facecolor="#f2f2f2",
-                edgecolor="#bbbbbb",
-                linewidth=0.5,
-            )
-        )
-        ax.add_patch(
-            Rectangle(
-                (n.requested / unit, y + _PAD / 2),
-                (n.ready - n.requested) / unit,
-                1 - _PAD,
-                facecolor="none",
-                edgecolor="#999999",
-                hatch="////",
-                linewidth=0,
-            )
-        )
+        y = row[n.node] + _PAD / 2
+        lifetime = {"facecolor": "#f2f2f2", "edgecolor": "#bbbbbb", "linewidth": 0.5}
+        box(n.requested, n.released, y, 1 - _PAD, **lifetime)
+        startup = {"facecolor": "none", "edgecolor": "#999999", "hatch": "////", "linewidth": 0}
+        box(n.requested, n.ready, y, 1 - _PAD, **startup)
     by_node = {n.node: n for n in nodes}
     named = set()  # stages already labelled
     for s in trace.segments:
         gpus = by_node[s.node].gpus
         top = row[s.node] + _PAD / 2 + (1 - _PAD) * s.offset / gpus
         tall = (1 - _PAD) * s.gpus / gpus
-        ax.add_patch(
-            Rectangle(
-                (s.start / unit, top),
-                (s.end - s.start) / unit,
-                tall,
-                facecolor=colour[(s.bracket, s.rung)],
-                edgecolor="white",
-                linewidth=0.4,
-            )
+        spot = by_node[s.node].market == "spot"
+        box(
+            s.start,
+            s.end,
+            top,
+            tall,
+            facecolor=colour[(s.bracket, s.rung)],
+            edgecolor="white",
+            linewidth=0.4,
+            hatch="x" if spot else None,
         )
         # Name each stage once, on its first box with room for the name.
         if (s.bracket, s.rung) not in named and s.end - s.start > 0.06 * horizon and tall >= 0.45:
@@ -127,7 +117,9 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
     ax.set_yticks([i + 0.5 for i in range(0, len(nodes), step)])
     ax.set_yticklabels(
         [
-            (f"b{nodes[i].bracket} · " if several else "") + f"{nodes[i].instance_type} #{i}"
+            (f"b{nodes[i].bracket} · " if several else "")
+            + f"{nodes[i].instance_type} #{i}"
+            + (" spot" if nodes[i].market == "spot" else "")
             for i in range(0, len(nodes), step)
         ],
         fontsize=7,
@@ -167,16 +159,16 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
     times = np.linspace(0, trace.jct, 400)
     held = np.zeros_like(times)
     spent = np.zeros_like(times)
-    prices = {n.instance_type: report.catalog.get(n.instance_type).price_per_hour for n in nodes}
     for n in nodes:
         alive = (times >= n.requested) & (times < n.released)
         held += alive * n.gpus
         spent += (
-            prices[n.instance_type]
+            report.catalog.get(n.instance_type).price(n.market)
             / 3600
             * np.clip(times - n.requested, 0, None).clip(max=n.released - n.requested)
         )
-    spend_ax.plot(times / unit, spent, color="#1f77b4", linewidth=1.6, label="spent (list price)")
+    priced = "list and spot prices" if any(n.market == "spot" for n in nodes) else "list price"
+    spend_ax.plot(times / unit, spent, color="#1f77b4", linewidth=1.6, label=f"spent ({priced})")
     spend_ax.plot([trace.jct / unit], [trace.cost], "o", color="#1f77b4")
     spend_ax.annotate(
         _dollars(f"billed ${trace.cost:,.2f} (mean times)"),
@@ -221,6 +213,15 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
     for stage, allocation in _stage_labels(report).items():
         legend.append(Patch(facecolor=colour.get(stage, "#cccccc"), label=allocation))
     legend.append(Patch(facecolor="#f2f2f2", edgecolor="#999999", hatch="////", label="starting"))
+    if any(n.market == "spot" for n in nodes):
+        legend.append(
+            Patch(
+                facecolor="#bbbbbb",
+                edgecolor="#333333",
+                hatch="xx",
+                label="on spot (chart: no interruptions;\np50/p95: with them)",
+            )
+        )
     ax.legend(
         handles=legend,
         loc="upper left",
@@ -253,11 +254,15 @@ def _dollars(text: str) -> str:
 
 
 def _stage_labels(report: PlanReport) -> dict[tuple[int, int], str]:
-    """Legend text per stage: its name, trials × GPUs per tier, and its instances."""
+    """Legend text per stage: its name, trials × GPUs per tier, its instances, and on spot
+    the interruptions expected while it trains."""
     labels: dict[tuple[int, int], str] = {}
-    for stage in report.plan.stages:
+    for stage, outcome in zip(report.plan.stages, report.outcome.stages, strict=True):
         tiers = " + ".join(f"{t.trials}×{t.gpus:g}" for t in stage.tiers)
+        spot = ""
+        if stage.market == "spot":
+            spot = f" spot ({outcome.interruptions:.2f} interruptions)"
         labels[(stage.bracket, stage.rung)] = (
-            f"b{stage.bracket}-r{stage.rung} · {tiers} · {stage.instance_type} × {stage.instances}"
+            f"{stage.name} · {tiers} · {stage.instance_type} × {stage.instances}{spot}"
         )
     return labels

@@ -6,6 +6,10 @@ meeting ``budget.deadline``; ``budget.max_cost_usd`` is then checked. SEER choos
 number of trials itself from the scheduler's ``eta``, ``min_resource`` and
 ``max_resource``, and needs both a deadline and a budget.
 
+``compute.spot: true`` lets RubberBand put stages on spot instances where that is cheaper
+and the p95 JCT, interruptions included, still meets the deadline. SEER ignores it and
+plans on-demand capacity (the report says so). Static baselines are on-demand pools.
+
 Example:
     >>> from planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
@@ -24,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 from planners.cost.baselines import static_baselines
@@ -97,14 +102,26 @@ def plan_job(
     details: dict[str, object] = {}
 
     if planner == "rubberband":
-        result = RubberBand(simulator, names, deadline=deadline, max_gpus=max_gpus).plan(
-            compile_plan(spec).stages
+        rubberband = RubberBand(
+            simulator, names, deadline=deadline, max_gpus=max_gpus, spot=spec.compute.spot
         )
+        result = rubberband.plan(compile_plan(spec).stages)
         plan, outcome = result.plan, result.outcome
         if result.smallest_deadline is not None:
-            problems.append(_late(deadline, result.smallest_deadline))
+            problems.append(_unmet("budget.deadline", deadline, result.smallest_deadline))
         elif budget is not None and outcome.cost_q > budget:
-            problems.append(_dear(budget, math.ceil(outcome.cost_q * 100) / 100))
+            problems.append(
+                _unmet("budget.max_cost_usd", budget, math.ceil(outcome.cost_q * 100) / 100)
+            )
+        if spec.compute.spot:
+            spot = any(stage.market == "spot" for stage in plan.stages)
+            details["spot_feasibility"] = {
+                "rule": (
+                    "a plan with spot stages meets the deadline at the one-sided "
+                    f"{rubberband.spot_confidence:.0%} upper confidence bound of its p95 JCT"
+                ),
+                "jct_s_judged": round(rubberband.judged(outcome.jct, spot), 1),
+            }
         details["search"] = {
             "moves": [
                 {
@@ -112,6 +129,11 @@ def plan_job(
                     "jct_p95_s": round(m.jct, 1),
                     "cost_mean_usd": round(m.cost, 4),
                     "benefit_usd_per_s": m.benefit,
+                    **(
+                        {"spot": [s.name for s in m.plan.stages if s.market == "spot"]}
+                        if spec.compute.spot
+                        else {}
+                    ),
                 }
                 for m in result.moves
             ]
@@ -125,9 +147,9 @@ def plan_job(
         result = seer.plan(s.max_resource, s.eta, s.min_resource)
         plan, outcome = result.plan, result.outcome
         if result.smallest_deadline is not None:
-            problems.append(_late(deadline, result.smallest_deadline))
+            problems.append(_unmet("budget.deadline", deadline, result.smallest_deadline))
         if result.smallest_budget is not None:
-            problems.append(_dear(budget, result.smallest_budget))
+            problems.append(_unmet("budget.max_cost_usd", budget, result.smallest_budget))
         row = result.solution
         details["seer"] = {
             "stages": row.stages,
@@ -136,6 +158,8 @@ def plan_job(
             "trials": list(row.trials),
             "instance_type": result.instance_type,
         }
+        if spec.compute.spot:
+            details["seer"]["note"] = "the seer planner plans on-demand capacity (spot ignored)"
 
     baselines = static_baselines(simulator, plan, names, deadline=deadline, max_gpus=max_gpus)
     return PlanReport(
@@ -151,22 +175,23 @@ def plan_job(
         tuple(problems),
         details,
         simulator.trace(plan),
+        spec.compute.spot,
     )
 
 
-def _late(deadline: float, smallest: float) -> Problem:
-    return Problem(
-        "budget.deadline",
-        f"budget.deadline: {format_duration(deadline)} cannot be met at p95; the smallest "
-        f"deadline that works is {format_duration(smallest)}",
-        smallest,
-    )
+# What a budget field asks for, and how its values read in a message.
+_UNMET: dict[str, tuple[str, Callable[[float], str]]] = {
+    "budget.deadline": ("deadline", format_duration),
+    "budget.max_cost_usd": ("budget", lambda dollars: f"${dollars:,.2f}"),
+}
 
 
-def _dear(budget: float, smallest: float) -> Problem:
+def _unmet(field: str, given: float, smallest: float) -> Problem:
+    """The budget ``field`` cannot be met; ``smallest`` is the least value that can."""
+    noun, show = _UNMET[field]
     return Problem(
-        "budget.max_cost_usd",
-        f"budget.max_cost_usd: ${budget:,.2f} cannot be met at p95; the smallest budget "
-        f"that works is ${smallest:,.2f}",
+        field,
+        f"{field}: {show(given)} cannot be met at p95; the smallest {noun} "
+        f"that works is {show(smallest)}",
         smallest,
     )

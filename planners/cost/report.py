@@ -16,8 +16,8 @@ import numpy as np
 from planners.cost.allocation import AllocationPlan
 from planners.cost.baselines import Baseline
 from planners.cost.catalog import Catalog
-from planners.cost.placement import place
 from planners.cost.simulate import Outcome, Trace
+from planners.placement import place
 from planners.spec import SpecError
 
 
@@ -40,7 +40,7 @@ def format_duration(seconds: float) -> str:
 class StageAllocation:
     """What the staged flow needs to run one stage (one tier of a SEER stage): run
     ``trials`` segments, ``concurrent`` at a time, each on ``gpus_per_trial`` GPUs, on a
-    pool of ``instances`` x ``instance_type``."""
+    pool of ``instances`` x ``instance_type`` bought on ``market`` (on-demand or spot)."""
 
     bracket: int
     rung: int
@@ -50,6 +50,7 @@ class StageAllocation:
     instance_type: str
     instances: int
     concurrent: int
+    market: str = "on-demand"
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class StageRow:
     start_s: float  # median training start (after provisioning), seconds from submission
     end_s: float  # median end
     cost_usd: float  # mean, the tier's share of its stage
+    interruptions: float = 0.0  # mean spot instances of the stage lost while it trains
 
     @property
     def name(self) -> str:
@@ -80,6 +82,8 @@ class StageRow:
             "gpus_per_trial": a.gpus_per_trial,
             "instance_type": a.instance_type,
             "instances": a.instances,
+            "market": a.market,
+            "expected_interruptions": round(self.interruptions, 4),
             "concurrent": a.concurrent,
             "start_s": round(self.start_s, 1),
             "end_s": round(self.end_s, 1),
@@ -115,8 +119,11 @@ def rows_for(plan: AllocationPlan, outcome: Outcome, catalog: Catalog) -> tuple[
                 stage.instance_type,
                 stage.instances,
                 concurrent,
+                stage.market,
             )
-            rows.append(StageRow(allocation, tier.start, tier.stop, start, end, times.cost * share))
+            cost = times.cost * share
+            row = StageRow(allocation, tier.start, tier.stop, start, end, cost, times.interruptions)
+            rows.append(row)
     return tuple(rows)
 
 
@@ -152,6 +159,7 @@ class PlanReport:
     problems: tuple[Problem, ...] = ()
     details: dict[str, Any] = field(default_factory=dict)  # planner-specific (SEER's K, T…)
     trace: Trace | None = None
+    spot_allowed: bool = False  # the job's compute.spot
 
     @property
     def feasible(self) -> bool:
@@ -190,6 +198,11 @@ class PlanReport:
             "jct_s": self.outcome.summary(self.outcome.jct),
             "cost_usd": self.outcome.summary(self.outcome.cost),
             "stages": [row.to_dict() for row in self.rows],
+            "spot": {
+                "allowed": self.spot_allowed,
+                "stages": [row.name for row in self.rows if row.allocation.market == "spot"],
+                "expected_interruptions": round(float(self.outcome.interruptions.mean()), 4),
+            },
             "baselines": {
                 "static_max": _baseline_dict(static_max, cost),
                 "static_min": _baseline_dict(static_min, cost),
@@ -204,7 +217,8 @@ class PlanReport:
 
     def to_table(self) -> tuple[list[str], list[list[str]]]:
         """Column names and rows of the stage table, as strings for a rich Table."""
-        columns = ["stage", "trials", "resource", "GPUs/trial", "instances", "start", "end", "cost"]
+        columns = ["stage", "trials", "resource", "GPUs/trial", "instances", "market"]
+        columns += ["interruptions", "start", "end", "cost"]
         rows = [
             [
                 row.name,
@@ -212,6 +226,8 @@ class PlanReport:
                 f"{row.resource_start:g} → {row.resource_stop:g}",
                 f"{row.allocation.gpus_per_trial:g}",
                 f"{row.allocation.instance_type} × {row.allocation.instances}",
+                row.allocation.market,
+                f"{row.interruptions:.2f}" if row.allocation.market == "spot" else "-",
                 format_duration(row.start_s),
                 format_duration(row.end_s),
                 f"${row.cost_usd:,.2f}",
@@ -233,6 +249,15 @@ class PlanReport:
             if self.feasible
             else "INFEASIBLE: " + "; ".join(p.message for p in self.problems),
         ]
+        spot = sum(row.allocation.market == "spot" for row in self.rows)
+        if spot:
+            lines.append(
+                f"spot: {spot} of {len(self.rows)} stages, "
+                f"{self.outcome.interruptions.mean():.2f} interruptions expected per run "
+                "(lost work and restarts are in the predictions)"
+            )
+        elif self.spot_allowed:
+            lines.append("spot: allowed, but no stage is cheaper on spot and on time at p95")
         for baseline in self.baselines:
             if baseline.outcome is None:
                 lines.append(f"{baseline.name}: {baseline.note}")

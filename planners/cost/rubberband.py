@@ -23,6 +23,16 @@ than that static pool run elastically. When even the fastest plan misses the dea
 result is infeasible and says the smallest deadline that works: the best fastest plan's
 p95 JCT.
 
+Spot capacity (``spot=True``) [OWN]: a stage may run on spot instances of a type with spot
+prices. The neighbourhood gains "switch this stage to the other market" and "switch every
+stage of this bracket to spot / to on-demand", and every instance type also starts from
+its fastest and lean plans on spot. The simulator plays the interruptions (lost work,
+restarts on replacements), so a stage goes to spot only where that is cheaper on average
+and the plan's p95 JCT, interruptions included, still meets the deadline. For a plan with
+spot stages that p95 is its one-sided 95% upper confidence bound (:meth:`RubberBand.judged`):
+rare interruptions make the sampled p95 noisy. With ``spot=False`` (the default) nothing
+is spot and the plans are the on-demand ones.
+
 A quota (``max_gpus``) caps the GPUs held at any time. Brackets run side by side, so each
 gets a fixed share of the quota in proportion to its work; a stage whose trials do not fit
 its share runs them in waves. Instance types that another type dominates (same node size
@@ -52,13 +62,14 @@ from dataclasses import dataclass
 from itertools import groupby
 
 import numpy as np
+from numpy.typing import NDArray
 
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from planners.cost.catalog import Catalog, InstanceType
-from planners.cost.placement import place
+from planners.cost.catalog import MARKETS, Catalog, InstanceType
 from planners.cost.profile import Profile
-from planners.cost.simulate import Outcome, Simulator
+from planners.cost.simulate import Outcome, Simulator, upper_quantile
 from planners.cost.simulate import quantile as _quantile
+from planners.placement import place
 from planners.plan import Stage
 from planners.spec import SpecError
 
@@ -131,21 +142,31 @@ def wave_nodes(trials: int, slots_per_node: int, nodes: int | None) -> int:
 
 
 def build_stage(
-    stage: Stage, gpus: float, instance: InstanceType, cap: int | None, hold: bool = False
+    stage: Stage,
+    gpus: float,
+    instance: InstanceType,
+    cap: int | None,
+    hold: bool = False,
+    market: str = "on-demand",
 ) -> StagePlan:
     """``stage`` on ``gpus`` GPUs per trial, in as few waves as ``cap`` nodes allow (all at
     once without a cap) on the fewest nodes that do it, or on exactly ``cap`` nodes when
-    ``hold`` (a static pool)."""
+    ``hold`` (a static pool), on ``market``."""
     if hold and cap is not None:
         nodes = cap
     else:
         nodes = wave_nodes(stage.trials, per_node(instance, gpus), cap)
     tier = GpuTier(stage.trials, gpus, stage.stop - stage.start, stage.start)
-    return StagePlan(stage.bracket, stage.rung, (tier,), instance.name, nodes)
+    return StagePlan(stage.bracket, stage.rung, (tier,), instance.name, nodes, market)
 
 
 def fastest_stage(
-    profile: Profile, stage: Stage, instance: InstanceType, cap: int | None, hold: bool = False
+    profile: Profile,
+    stage: Stage,
+    instance: InstanceType,
+    cap: int | None,
+    hold: bool = False,
+    market: str = "on-demand",
 ) -> StagePlan:
     """The GPUs per trial that finish ``stage`` soonest on at most ``cap`` nodes (mean
     times, waves counted); ties go to fewer GPUs."""
@@ -155,7 +176,7 @@ def fastest_stage(
         return waves * profile.segment(g, stage.stop - stage.start, instance)[0], g
 
     best = min(profile.counts_for(instance), key=finish)
-    return build_stage(stage, best, instance, cap, hold)
+    return build_stage(stage, best, instance, cap, hold, market)
 
 
 def fewer_nodes(stage: StagePlan, instance: InstanceType) -> int | None:
@@ -194,6 +215,10 @@ def _swap(chain: tuple[StagePlan, ...], k: int, stage: StagePlan) -> tuple[Stage
     return (*chain[:k], stage, *chain[k + 1 :])
 
 
+def _spot(stages: Sequence[StagePlan]) -> bool:
+    return any(stage.market == "spot" for stage in stages)
+
+
 def _least(cap: int | None, nodes: int) -> int:
     return nodes if cap is None else min(cap, nodes)
 
@@ -206,6 +231,9 @@ class RubberBand:
         instance_types: Types a stage may use (names from the simulator's catalog).
         deadline: Seconds the plan's p95 JCT must not exceed; None: no deadline.
         max_gpus: GPUs the job may hold at once; None: no quota.
+        spot: Whether a stage may run on spot instances (types with spot prices only).
+        spot_confidence: A plan with spot stages must meet the deadline at this one-sided
+            upper confidence bound of its p95 JCT, not just at the sampled p95.
     """
 
     def __init__(
@@ -215,6 +243,8 @@ class RubberBand:
         *,
         deadline: float | None = None,
         max_gpus: int | None = None,
+        spot: bool = False,
+        spot_confidence: float = 0.95,
     ):
         if not instance_types:
             raise ValueError("instance_types must name at least one instance type")
@@ -227,6 +257,17 @@ class RubberBand:
         self.types = simulator.catalog.select(instance_types)
         self.deadline = math.inf if deadline is None else deadline
         self.max_gpus = max_gpus
+        if not 0 < spot_confidence < 1:
+            raise ValueError(f"spot_confidence must lie in (0, 1), got {spot_confidence}")
+        self.spot = spot
+        self.spot_confidence = spot_confidence
+        self._moved: dict[tuple[tuple[StagePlan, ...], str], tuple[StagePlan, ...]] = {}
+        if spot and not any(t.spot is not None for t in self.types):
+            raise SpecError(
+                "compute.spot: none of the instance types ("
+                + ", ".join(t.name for t in self.types)
+                + ") has spot prices in the catalog"
+            )
 
     # --- the plan space -----------------------------------------------------------------
 
@@ -242,17 +283,33 @@ class RubberBand:
             )
         return list(shares)
 
-    def fastest(self, chains: Sequence[Sequence[Stage]], instance: InstanceType) -> AllocationPlan:
+    def markets(self, instance: InstanceType) -> tuple[str, ...]:
+        """The markets a stage on ``instance`` may use."""
+        return MARKETS if self.spot and instance.spot is not None else MARKETS[:1]
+
+    def fastest(
+        self,
+        chains: Sequence[Sequence[Stage]],
+        instance: InstanceType,
+        market: str = "on-demand",
+    ) -> AllocationPlan:
         caps = self.caps(chains, instance)
         return AllocationPlan(
             tuple(
-                tuple(fastest_stage(self.profile, stage, instance, cap) for stage in chain)
+                tuple(
+                    fastest_stage(self.profile, stage, instance, cap, market=market)
+                    for stage in chain
+                )
                 for chain, cap in zip(chains, caps, strict=True)
             )
         )
 
     def lean(
-        self, chains: Sequence[Sequence[Stage]], instance: InstanceType, caps: list[int | None]
+        self,
+        chains: Sequence[Sequence[Stage]],
+        instance: InstanceType,
+        caps: list[int | None],
+        market: str = "on-demand",
     ) -> AllocationPlan | None:
         """The elastic twin of the smallest static pool that meets the deadline: the fewest
         ``instance`` nodes, split among brackets by work, on which every stage runs as fast
@@ -264,7 +321,9 @@ class RubberBand:
             return AllocationPlan(
                 tuple(
                     tuple(
-                        fastest_stage(self.profile, stage, instance, _least(cap, share))
+                        fastest_stage(
+                            self.profile, stage, instance, _least(cap, share), market=market
+                        )
                         for stage in chain
                     )
                     for chain, share, cap in zip(chains, shares, caps, strict=True)
@@ -272,9 +331,9 @@ class RubberBand:
             )
 
         def meets(plan: AllocationPlan) -> bool:
-            return self.simulator.run(plan).jct_q <= self.deadline
+            return self.judged(self.simulator.run(plan).jct, market == "spot") <= self.deadline
 
-        fastest = self.fastest(chains, instance)
+        fastest = self.fastest(chains, instance, market)
         low, high = len(chains), sum(max(s.instances for s in chain) for chain in fastest.chains)
         if not meets(on(high)):
             return None
@@ -290,9 +349,11 @@ class RubberBand:
         caps: dict[str, list[int | None]],
     ) -> Iterator[tuple[int, tuple[StagePlan, ...]]]:
         """Plans one move away, as (bracket index, its new chain). For one stage: one GPU
-        step fewer per trial (on no more nodes), one more wave (fewer nodes), or another
-        instance type (about as many GPUs); for one bracket: its largest pool one wave
-        smaller (:func:`shrink_pool`).
+        step fewer per trial (on no more nodes), one more wave (fewer nodes), another
+        instance type (about as many GPUs; same market where it can), or, when spot is
+        allowed, the other market; for one bracket: its largest pool one wave smaller
+        (:func:`shrink_pool`), and every stage to spot or every stage to on-demand (a
+        one-stage switch pays for a new pool on both sides of it).
 
         ``caps`` holds the node caps per chain of every usable instance type.
         """
@@ -302,9 +363,11 @@ class RubberBand:
                 instance = self.simulator.catalog.get(current.instance_type)
                 g = current.tiers[0].gpus
                 lower = [x for x in self.profile.counts_for(instance) if x < g]
+                market = current.market
                 if lower:
                     cap = _least(caps[instance.name][c], current.instances)
-                    yield c, _swap(chain, k, build_stage(stage, lower[-1], instance, cap))
+                    lowered = build_stage(stage, lower[-1], instance, cap, market=market)
+                    yield c, _swap(chain, k, lowered)
                 fewer = fewer_nodes(current, instance)
                 if fewer is not None:
                     yield c, _swap(chain, k, current.replace(instances=fewer))
@@ -315,26 +378,53 @@ class RubberBand:
                     counts = self.profile.counts_for(other)
                     fit = [x for x in counts if x <= g]
                     cap = _least(caps[other.name][c], math.ceil(gpus / other.gpus))
+                    there = market if market in self.markets(other) else MARKETS[0]
                     moved = build_stage(stage, fit[-1] if fit else counts[0], other, cap)
-                    yield c, _swap(chain, k, moved)
+                    yield c, _swap(chain, k, moved.replace(market=there))
+                for other_market in self.markets(instance):
+                    if other_market != market:
+                        yield c, _swap(chain, k, self._on_market((current,), other_market)[0])
             shrunk = shrink_pool(chain, self.simulator.catalog)
             if shrunk is not None:
                 yield c, shrunk
+            if self.spot:
+                for market in MARKETS:
+                    moved = self._on_market(chain, market)
+                    if moved != chain:
+                        yield c, moved
+
+    def _on_market(self, chain: tuple[StagePlan, ...], market: str) -> tuple[StagePlan, ...]:
+        """Every stage of ``chain`` that can use ``market`` moved to it (cached: the greedy
+        asks again for every chain at every step)."""
+        moved = self._moved.get((chain, market))
+        if moved is None:
+            catalog = self.simulator.catalog
+            moved = tuple(
+                s.replace(market=market)
+                if s.market != market and market in self.markets(catalog.get(s.instance_type))
+                else s
+                for s in chain
+            )
+            self._moved[(chain, market)] = moved
+        return moved
 
     def options(
         self, stage: Stage, chain: int, caps: dict[str, list[int | None]]
     ) -> list[StagePlan]:
         """Every allocation of ``stage`` in the plan space the greedy walks: each usable
-        type, GPU count and node count that gives a distinct number of waves."""
+        type, market, GPU count and node count that gives a distinct number of waves."""
         out = []
         for name, type_caps in caps.items():
             instance = self.simulator.catalog.get(name)
-            for g in self.profile.counts_for(instance):
-                option: StagePlan | None = build_stage(stage, g, instance, type_caps[chain])
-                while option is not None:
-                    out.append(option)
-                    fewer = fewer_nodes(option, instance)
-                    option = None if fewer is None else option.replace(instances=fewer)
+            for market in self.markets(instance):
+                for g in self.profile.counts_for(instance):
+                    option: StagePlan | None = build_stage(
+                        stage, g, instance, type_caps[chain], market=market
+                    )
+                    while option is not None:
+                        out.append(option)
+                        fewer = fewer_nodes(option, instance)
+                        option = None if fewer is None else option.replace(instances=fewer)
         return out
 
     # --- the greedy ---------------------------------------------------------------------
@@ -344,7 +434,8 @@ class RubberBand:
         the profile cannot time it, no GPU count fits it or the quota is too small (if no
         type is left, the first one's problem is raised, naming its field), and when
         another type dominates it: same GPUs per node and billing, at least as fast, no
-        dearer, no slower to start. Plans on a dominated type are never cheaper."""
+        dearer, no slower to start and, when spot is allowed, no dearer and no more often
+        interrupted on spot. Plans on a dominated type are never cheaper."""
         caps, problems = {}, []
         for instance in self.types:
             try:
@@ -367,8 +458,18 @@ class RubberBand:
 
     def _dominates(self, a: InstanceType, b: InstanceType) -> bool:
         probe = self.profile.gpu_counts[0]
+        spot = (
+            not self.spot
+            or b.spot is None
+            or (
+                a.spot is not None
+                and a.price("spot") <= b.price("spot")
+                and a.spot.interruptions_per_hour <= b.spot.interruptions_per_hour
+            )
+        )
         return (
-            a.gpus == b.gpus
+            spot
+            and a.gpus == b.gpus
             and a.billing == b.billing
             and a.price_per_hour <= b.price_per_hour
             and self.profile.timing(probe, a).mean <= self.profile.timing(probe, b).mean
@@ -378,20 +479,34 @@ class RubberBand:
             )
         )
 
+    def judged(self, jct: NDArray[np.float64], spot: bool) -> float:
+        """The JCT a plan is held to against the deadline, from its sampled JCTs: the
+        simulator's quantile, or for a plan with spot stages the upper confidence bound of
+        that quantile. Interruptions are rare events that a few hundred samples estimate
+        poorly, and the greedy keeps whichever candidate's samples were luckiest, so a
+        sampled p95 alone lets spot plans miss the deadline more often than 5% [OWN]."""
+        q = self.simulator.quantile
+        return upper_quantile(jct, q, self.spot_confidence) if spot else _quantile(jct, q)
+
     def plan(self, stages: Sequence[Stage]) -> RubberBandResult:
         chains = chains_of(stages)
         caps = self.usable(chains)
         starts = []
         for name, type_caps in caps.items():
             instance = self.simulator.catalog.get(name)
-            starts += [self.fastest(chains, instance), self.lean(chains, instance, type_caps)]
+            for market in self.markets(instance):
+                starts += [
+                    self.fastest(chains, instance, market),
+                    self.lean(chains, instance, type_caps, market),
+                ]
         results = [self._descend(start, chains, caps) for start in starts if start is not None]
         feasible = [r for r in results if r.feasible]
         if feasible:
             return min(feasible, key=lambda r: (r.outcome.cost_mean, r.outcome.jct_q))
-        best = min(results, key=lambda r: r.outcome.jct_q)
+        late = {id(r): self.judged(r.outcome.jct, _spot(r.plan.stages)) for r in results}
+        best = min(results, key=lambda r: late[id(r)])
         return RubberBandResult(
-            best.plan, best.outcome, False, math.ceil(best.outcome.jct_q), best.moves
+            best.plan, best.outcome, False, math.ceil(late[id(best)]), best.moves
         )
 
     def _descend(
@@ -403,7 +518,7 @@ class RubberBand:
         outcome = self.simulator.run(start)
         j, c = outcome.jct_q, outcome.cost_mean
         moves = [Move(start, j, c, None)]
-        if j > self.deadline:
+        if self.judged(outcome.jct, _spot(start.stages)) > self.deadline:
             return RubberBandResult(start, outcome, False, None, tuple(moves))
         plan, quantile = start, self.simulator.quantile
         while True:
@@ -417,7 +532,13 @@ class RubberBand:
                 if c2 >= c - _TOLERANCE:
                     continue
                 ends = [r.end for i, r in enumerate(runs) if i != index] + [run.end]
-                j2 = _quantile(np.max(ends, axis=0), quantile)
+                jct = np.max(ends, axis=0)
+                spot = _spot(chain) or any(
+                    _spot(other) for i, other in enumerate(plan.chains) if i != index
+                )
+                if spot and self.judged(jct, True) > self.deadline:
+                    continue
+                j2 = _quantile(jct, quantile)
                 if j2 > self.deadline:
                     continue
                 benefit = (c - c2) / (j2 - j) if j2 > j else math.inf

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.catalog import InstanceType
-from planners.cost.placement import nodes_needed
 from planners.cost.simulate import Outcome, Simulator
+from planners.placement import nodes_needed
 from planners.spec import SpecError
 
 _SLACK = 1e-9  # progress exactly on target (3 + 6 = 9 epochs) meets it

@@ -1,0 +1,63 @@
+"""Checkpoints in MLflow: one file per resource level; a torn file is never loaded."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import torch
+
+from tasks.context import TrialContext
+from tasks.tracking import Tracker
+
+
+def context(tracker: Tracker, run_id: str, stop: float) -> TrialContext:
+    return TrialContext(trial=0, start=0, stop=stop, max_resource=9, run_id=run_id, tracker=tracker)
+
+
+def test_a_torn_checkpoint_falls_back_to_the_previous_level(tmp_path: Path) -> None:
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "ckpt")
+    run_id = tracker.start_trial("job", "parent", 0, {"x": 1})
+    model = torch.nn.Linear(2, 1)
+    ctx = context(tracker, run_id, stop=2)
+    for epoch in ctx.range(ctx.restore(model=model)):
+        with torch.no_grad():
+            model.bias.fill_(float(epoch))
+        ctx.checkpoint(model=model)
+    # A crash while writing level 3 leaves a truncated file behind.
+    buffer = io.BytesIO()
+    torch.save({"resource": 3, "state": {"model": model.state_dict()}}, buffer)
+    tracker.save_checkpoint(run_id, buffer.getvalue()[:40], 3)
+    assert [r for r, _ in tracker.checkpoints(run_id)] == [3, 2, 1]
+
+    fresh = torch.nn.Linear(2, 1)
+    resumed = context(tracker, run_id, stop=4)
+    assert resumed.restore(model=fresh) == 2  # level 3 is unreadable: level 2 is used
+    assert fresh.bias.item() == 2.0
+    assert list(resumed.range()) == [3, 4]
+
+
+def test_no_checkpoint_means_a_fresh_trial(tmp_path: Path) -> None:
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "ckpt")
+    run_id = tracker.start_trial("job", "parent", 0, {})
+    ctx = context(tracker, run_id, stop=3)
+    assert ctx.restore(model=torch.nn.Linear(1, 1)) == 0
+    assert list(ctx.range()) == [1, 2, 3]
+
+
+def test_a_segment_whose_report_was_lost_is_recovered_not_failed(tmp_path: Path) -> None:
+    from planners.schedulers.base import Segment
+    from tasks.train import JobRef, run_segment
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    job = JobRef("job", "tests.trainables:quadratic", "val_accuracy", "max", 9, uri, "ckpt")
+    tracker = Tracker(uri, "ckpt")
+    run_id = tracker.start_trial("job", "parent", 0, {"x": 0.5})
+    segment = Segment(trial=0, start=0, stop=2, rung=0)
+    first = run_segment(job, segment, {"x": 0.5}, run_id)
+    # The driver died after the checkpoint at 2 but before it recorded the report, so the
+    # segment runs again: it restores at its stop and has nothing left to train.
+    again = run_segment(job, segment, {"x": 0.5}, run_id)
+    assert not again.result.failed
+    assert again.result.loss == first.result.loss and again.result.resource == 2
+    assert again.result.history == first.result.history
