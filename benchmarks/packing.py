@@ -18,9 +18,8 @@ LCBench only gives single-device times, so the scaling profile is modelled:
 is loose (tests/test_packing.py shows a group no schedule brings within 2x), so the 2x
 target applies to the suites without it.
 
-Not measured here: issue 6's speed-up of synchronous SHA/Hyperband with packing in the
-LCBench simulator, which needs the simulator being built on branch ``sched``; a simulator
-gets each stage's makespan and widths from ``Packer.pack(group)``.
+Issue 6's other figure, the speed-up of synchronous SHA/Hyperband with packing in the
+LCBench simulator, is ``benchmarks/fluid_speedup.py``.
 
 Run: ``python benchmarks/packing.py`` (about a minute); writes benchmarks/results/packing.json.
 """

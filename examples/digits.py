@@ -2,6 +2,11 @@
 
 Resource = epochs. Shuffling is seeded per (trial, epoch), so a trial resumed from its
 checkpoint trains exactly as one that never stopped.
+
+Data-parallel (``train.distributed = True``): on a segment of ``g`` GPUs each of the ``g``
+processes trains on its slice of every global batch of ``batch_size`` (``ctx.batches``) and
+DistributedDataParallel averages the gradients, so the training does not depend on ``g``.
+The last incomplete batch of each epoch is dropped to keep the global batch fixed.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 from tasks.context import TrialContext
+from tasks.distributed import mean_across_ranks
 
 
 @lru_cache(maxsize=1)
@@ -45,24 +51,23 @@ class Net(nn.Module):
 
 def train(config: dict, ctx: TrialContext) -> None:
     torch.manual_seed(ctx.trial)
-    x_train, y_train, x_val, y_val = data()
+    x_train, y_train, x_val, y_val = (t.to(ctx.device) for t in data())
     model = Net(int(config["width"]), float(config.get("dropout", 0.0))).to(ctx.device)
     if config.get("optimizer", "adam") == "sgd":
         optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     else:
         optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
-    batch = int(config.get("batch_size", 64))
+    batches = ctx.batches(len(y_train), int(config.get("batch_size", 64)), seed=ctx.trial)
     loss_fn = nn.CrossEntropyLoss()
 
     start = ctx.restore(model=model, optimizer=optimizer)
+    parallel = ctx.wrap(model)
     for epoch in ctx.range(start):
-        model.train()
-        shuffle = torch.Generator().manual_seed(1000 * ctx.trial + epoch)
-        order = torch.randperm(len(y_train), generator=shuffle)
-        for i in range(0, len(order), batch):
-            idx = order[i : i + batch]
+        parallel.train()
+        for step in range((epoch - 1) * len(batches), epoch * len(batches)):
+            idx = batches.batch(step).to(ctx.device)
             optimizer.zero_grad()
-            loss = loss_fn(model(x_train[idx]), y_train[idx])
+            loss = loss_fn(parallel(x_train[idx]), y_train[idx])
             loss.backward()
             optimizer.step()
         model.eval()
@@ -70,5 +75,9 @@ def train(config: dict, ctx: TrialContext) -> None:
             logits = model(x_val)
             val_loss = loss_fn(logits, y_val).item()
             accuracy = (logits.argmax(1) == y_val).float().mean().item()
-        ctx.report(val_accuracy=accuracy, val_loss=val_loss, train_loss=loss.item())
+        train_loss = mean_across_ranks(loss.detach())  # a collective: every rank calls it
+        ctx.report(val_accuracy=accuracy, val_loss=val_loss, train_loss=train_loss)
         ctx.checkpoint(model=model, optimizer=optimizer)
+
+
+train.distributed = True  # type: ignore[attr-defined]

@@ -469,6 +469,13 @@ class Packer(ABC):
             changes[trial] = None
         return changes | self._refill()
 
+    def finish_time(self, trial: int) -> float:
+        """When ``trial``'s running segment ends under the model, at its current width (an
+        event that widens it moves this earlier): what a simulator waits for."""
+        if trial not in self._running:
+            raise ValueError(f"trial {trial} is not running")
+        return self._end(trial)
+
     def pack(self, group: Sequence[Work]) -> Schedule:
         """Predict the schedule of ``group`` alone on an empty pool of this shape, with the
         heights this packer assumes (the simulator's per-stage call)."""

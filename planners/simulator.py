@@ -21,6 +21,16 @@ Where configurations come from:
 A PBT exploit continues on the curve of its new configuration from the donor's resource: a
 learning-curve benchmark knows configurations and epochs, not inherited weights.
 
+Packing (``packing=Packing(...)``, synchronous SHA and Hyperband only): ``workers`` are the
+pool's GPUs, and the segments the scheduler hands out at once form one TrialGroup per
+(bracket, rung), submitted to a Fluid packer (ALGORITHMS.md §6, :mod:`planners.packing`).
+The packer chooses each segment's width, ``w`` GPUs training ``S(w)`` times as fast (the
+profile's speedup), and when it starts; DynamicFluid also widens running segments as others
+finish, paying the profile's rescale cost. A segment's work is its epochs' cost on one GPU,
+spread evenly over its wall time (its epochs' observations are placed pro rata), and
+``gpu_seconds`` counts width times wall time. Without ``packing`` every segment takes one
+worker (the default, unchanged).
+
 Fast path (``fast=True``): a stand-in for the Optuna study that draws configurations
 directly (table rows, or uniform draws from the space) and drops reports, for runs of
 100,000 trials where Optuna's bookkeeping would dominate. Schedulers and the loop are the
@@ -51,7 +61,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,10 +72,20 @@ from optuna.study import StudyDirection
 
 from planners.explore import draw
 from planners.loop import TuningLoop
+from planners.packing import Assignments, DynamicFluid, Packer, Profile, StaticFluid, Work
 from planners.schedulers import make_scheduler
-from planners.schedulers.base import Result, Scheduler
+from planners.schedulers.base import Result, Scheduler, Segment
 from planners.space import distributions, make_sampler
-from planners.spec import AshaSpec, FifoSpec, JobSpec, MedianSpec, PbtSpec, ShaSpec, SpecError
+from planners.spec import (
+    AshaSpec,
+    FifoSpec,
+    HyperbandSpec,
+    JobSpec,
+    MedianSpec,
+    PbtSpec,
+    ShaSpec,
+    SpecError,
+)
 
 BENCHMARKS = "lcbench:TASK_ID (surrogate), lcbench-table:TASK_ID (the 1000-config table)"
 
@@ -223,6 +243,149 @@ def fit_to_table(spec: JobSpec, size: int) -> JobSpec:
     return spec
 
 
+# --- packing ---------------------------------------------------------------------------------
+
+POLICIES: dict[str, type[Packer]] = {"static": StaticFluid, "dynamic": DynamicFluid}
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Run each synchronous stage as a Fluid TrialGroup (see the module docstring).
+
+    Args:
+        policy: ``static`` (StaticFluid: widths fixed when a group arrives) or ``dynamic``
+            (DynamicFluid: re-filled on every event).
+        profile: Speed-up per width, GPU sharing and the rescale cost.
+        gpus_per_node: GPUs per node (a trial's workers stay on one); default all of them.
+        max_share: Most segments sharing one GPU (1: no sharing).
+    """
+
+    policy: str = "dynamic"
+    profile: Profile = field(default_factory=Profile)
+    gpus_per_node: int | None = None
+    max_share: int = 1
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(
+                f"packing policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
+            )
+
+    def packer(self, gpus: int) -> Packer:
+        return POLICIES[self.policy](
+            self.profile, gpus, gpus_per_node=self.gpus_per_node, max_share=self.max_share
+        )
+
+
+class _Segments:
+    """Segments evaluated on the benchmark (each configuration's curve fetched once)."""
+
+    def __init__(self, loop: TuningLoop, benchmark: Benchmark, maximise: bool):
+        self.loop, self.benchmark, self.maximise = loop, benchmark, maximise
+        self.curves: dict[int, tuple[Mapping[str, Any], Curve]] = {}
+
+    def evaluate(self, job: Segment) -> tuple[Result, list[tuple[float, float]]]:
+        """The segment's result (``seconds``: its epochs' cost on one GPU) and its running
+        best at each improvement, as (seconds into the segment, value)."""
+        config = self.loop.configs[job.trial]
+        cached = self.curves.get(job.trial)
+        if cached is None or cached[0] is not config:  # new trial, or PBT changed it
+            cached = self.curves[job.trial] = (config, self.benchmark.curve(config))
+        metric, seconds = cached[1].metric, cached[1].seconds
+        a, b = _epoch(job.start, self.benchmark), _epoch(job.stop, self.benchmark)
+        base = seconds[a - 1] if a else 0.0
+        maximise = self.maximise
+        best = -math.inf if maximise else math.inf
+        seen = []
+        for e in range(a, b):
+            value = metric[e]
+            if value > best if maximise else value < best:
+                best = value
+                seen.append((seconds[e] - base, value))
+        sign = -1.0 if maximise else 1.0  # the scheduler minimises
+        history = tuple((e + 1, sign * metric[e]) for e in range(a, b - 1))
+        duration = seconds[b - 1] - base if b else 0.0
+        return Result(job.trial, b, sign * metric[b - 1], history=history, seconds=duration), seen
+
+
+@dataclass
+class _Trace:
+    """What a run observed: anytime points, top-resource results and busy GPU time."""
+
+    points: list[tuple[float, float]] = field(default_factory=list)
+    trained: list[tuple[float, float]] = field(default_factory=list)
+    gpu_seconds: float = 0.0
+    submitted: int = 0
+    results: int = 0
+    end: float = 0.0
+
+
+def _run_packed(
+    loop: TuningLoop, segments: _Segments, packer: Packer, horizon: float, top: float
+) -> _Trace:
+    """The event loop with a Fluid packer in place of one worker per segment."""
+    trace = _Trace()
+    waiting: dict[int, tuple[Result, list[tuple[float, float]]]] = {}
+    began: dict[int, float] = {}  # trial -> when its segment first started
+    width: dict[int, tuple[float, float]] = {}  # running trial -> (width, since)
+    now = 0.0
+
+    def account(trial: int, until: float) -> None:
+        w, since = width.pop(trial)
+        trace.gpu_seconds += w * (until - since)
+
+    def apply(changes: Assignments) -> None:
+        for trial, assignment in changes.items():
+            if trial in width:
+                account(trial, now)
+            if assignment is not None:
+                width[trial] = (assignment.width, now)
+                began.setdefault(trial, now)
+
+    def observe(trial: int, end: float) -> None:
+        """Place the segment's improvements pro rata between its start and ``end``."""
+        result, seen = waiting[trial]
+        start = began[trial]
+        scale = (end - start) / result.seconds if result.seconds > 0 else 0.0
+        trace.points.extend((start + dt * scale, value) for dt, value in seen)
+
+    while True:
+        groups: dict[tuple[int, int], list[Work]] = {}
+        while now < horizon:
+            job = loop.next_segment()
+            if job is None:
+                break
+            result, seen = segments.evaluate(job)
+            waiting[job.trial] = (result, seen)
+            epochs = job.stop - job.start
+            # A segment of no measurable cost still holds its GPUs for an instant.
+            work = Work(job.trial, epochs, max(result.seconds, 1e-9) / epochs)
+            groups.setdefault((job.bracket, job.rung), []).append(work)
+            trace.submitted += 1
+        for group in groups.values():
+            apply(packer.submit(group, now=now))
+        if not width:
+            break
+        trial = min(width, key=lambda t: (packer.finish_time(t), t))
+        due = packer.finish_time(trial)
+        if due > horizon:
+            break
+        now = due
+        account(trial, now)
+        apply(packer.on_segment_done(trial, now=now))
+        observe(trial, now)
+        result = replace(waiting.pop(trial)[0], seconds=now - began.pop(trial))
+        loop.record(result)
+        trace.results += 1
+        if result.resource >= top and not math.isnan(result.loss):
+            trace.trained.append((now, -result.loss if segments.maximise else result.loss))
+    trace.end = now if not width else horizon
+    for trial in list(width):  # cut off by the deadline
+        observe(trial, packer.finish_time(trial))
+        account(trial, horizon)
+    return trace
+
+
 # --- one run --------------------------------------------------------------------------------
 
 
@@ -304,6 +467,7 @@ def simulate(
     fast: bool = False,
     replace: bool = False,
     sampler: optuna.samplers.BaseSampler | None = None,
+    packing: Packing | None = None,
 ) -> Simulation:
     """Run the job once in simulated time.
 
@@ -319,9 +483,15 @@ def simulate(
         replace: Draw table rows with replacement (for more trials than rows).
         sampler: Overrides where configurations come from (and implies an Optuna study);
             with a table, it must propose the table's rows.
+        packing: Run synchronous stages as Fluid TrialGroups on ``workers`` GPUs (see the
+            module docstring); None: one worker per segment.
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if packing is not None and not isinstance(spec.scheduler, ShaSpec | HyperbandSpec):
+        raise ValueError(
+            f"packing runs the stages of synchronous sha or hyperband, not {spec.scheduler.name}"
+        )
     started = time.perf_counter()
     if benchmark.table is not None and not replace:
         spec = fit_to_table(spec, len(benchmark.table))
@@ -338,65 +508,25 @@ def simulate(
     )
     maximise = spec.mode == "max"
     horizon = math.inf if deadline is None else deadline
-    queue: list[tuple[float, int, float, float, Result]] = []  # (due, order, start, gpus, result)
-    points: list[tuple[float, float]] = []  # per segment, its running best at each epoch
-    trained: list[tuple[float, float]] = []  # results at the top resource, as they arrive
     top = spec.scheduler.max_resource - 1e-9
-    curves: dict[int, tuple[Mapping[str, Any], Curve]] = {}
-    now = gpu_seconds = 0.0
-    submitted = results = 0
-    while True:
-        while now < horizon and len(queue) < workers:
-            job = loop.next_segment()
-            if job is None:
-                break
-            config = loop.configs[job.trial]
-            cached = curves.get(job.trial)
-            if cached is None or cached[0] is not config:  # new trial, or PBT changed it
-                cached = curves[job.trial] = (config, benchmark.curve(config))
-            metric, seconds = cached[1].metric, cached[1].seconds
-            a, b = _epoch(job.start, benchmark), _epoch(job.stop, benchmark)
-            base = seconds[a - 1] if a else 0.0
-            best = -math.inf if maximise else math.inf
-            for e in range(a, b):
-                value = metric[e]
-                if value > best if maximise else value < best:
-                    best = value
-                    points.append((now + seconds[e] - base, value))
-            sign = -1.0 if maximise else 1.0  # the scheduler minimises
-            history = tuple((e + 1, sign * metric[e]) for e in range(a, b - 1))
-            duration = seconds[b - 1] - base if b else 0.0
-            result = Result(job.trial, b, sign * metric[b - 1], history=history, seconds=duration)
-            heapq.heappush(queue, (now + duration, submitted, now, job.gpus, result))
-            submitted += 1
-        if not queue:
-            break
-        due, _, start, gpus, result = queue[0]
-        if due > horizon:
-            break
-        heapq.heappop(queue)
-        now = due
-        gpu_seconds += (due - start) * gpus
-        loop.record(result)
-        results += 1
-        if result.resource >= top and not math.isnan(result.loss):
-            trained.append((due, -result.loss if maximise else result.loss))
-    for due, _, start, gpus, _ in queue:  # cut off by the deadline
-        gpu_seconds += (min(due, horizon) - start) * gpus
-    end = now if not queue else horizon
+    segments = _Segments(loop, benchmark, maximise)
+    if packing is not None:
+        trace = _run_packed(loop, segments, packing.packer(workers), horizon, top)
+    else:
+        trace = _run(loop, segments, workers, horizon, top)
     loop.finish()
     best = loop.best()
     return Simulation(
         seed=seed,
         workers=workers,
         mode=spec.mode,
-        anytime=_anytime(points, horizon, maximise),
-        trained=_anytime(trained, horizon, maximise),
-        gpu_seconds=gpu_seconds,
+        anytime=_anytime(trace.points, horizon, maximise),
+        trained=_anytime(trace.trained, horizon, maximise),
+        gpu_seconds=trace.gpu_seconds,
         trials_started=len(loop.configs),
-        segments_run=submitted,
-        results=results,
-        simulated_seconds=end,
+        segments_run=trace.submitted,
+        results=trace.results,
+        simulated_seconds=trace.end,
         best_trial=None
         if best is None
         else {
@@ -407,6 +537,38 @@ def simulate(
         },
         wall_seconds=time.perf_counter() - started,
     )
+
+
+def _run(loop: TuningLoop, segments: _Segments, workers: int, horizon: float, top: float) -> _Trace:
+    """The event loop with one worker per segment."""
+    trace = _Trace()
+    queue: list[tuple[float, int, float, float, Result]] = []  # (due, order, start, gpus, result)
+    now = 0.0
+    while True:
+        while now < horizon and len(queue) < workers:
+            job = loop.next_segment()
+            if job is None:
+                break
+            result, seen = segments.evaluate(job)
+            trace.points.extend((now + dt, value) for dt, value in seen)
+            heapq.heappush(queue, (now + result.seconds, trace.submitted, now, job.gpus, result))
+            trace.submitted += 1
+        if not queue:
+            break
+        due, _, start, gpus, result = queue[0]
+        if due > horizon:
+            break
+        heapq.heappop(queue)
+        now = due
+        trace.gpu_seconds += (due - start) * gpus
+        loop.record(result)
+        trace.results += 1
+        if result.resource >= top and not math.isnan(result.loss):
+            trace.trained.append((due, -result.loss if segments.maximise else result.loss))
+    for due, _, start, gpus, _ in queue:  # cut off by the deadline
+        trace.gpu_seconds += (min(due, horizon) - start) * gpus
+    trace.end = now if not queue else horizon
+    return trace
 
 
 def _anytime(

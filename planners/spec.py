@@ -293,6 +293,9 @@ class ComputeSpec(_Strict):
     spot: bool = Field(default=False, strict=True)
     # A segment running longer is ended and its trial marked failed (hung trainables).
     segment_timeout: float | None = None
+    # A segment whose width cannot run (the profile does not cover it, the pool is too
+    # small, or the trainable is not data-parallel) runs on 1 GPU instead of failing the job.
+    elastic_fallback: bool = False
 
     @field_validator("segment_timeout", mode="before")
     @classmethod

@@ -10,6 +10,14 @@ function API::
             ctx.checkpoint(model=model, optimizer=optimizer)
 
 The object passed as ``model=`` is the one registered in MLflow for the job's best trial.
+
+Elastic trials: a segment granted ``g > 1`` GPUs runs the trainable on ``g`` data-parallel
+processes when the trainable declares it can (``train.distributed = True``). Each process
+gets its own ``ctx`` with ``rank``, ``world_size`` and ``device``; the trainable wraps its
+model with :meth:`TrialContext.wrap` and draws its share of each global batch from
+:meth:`TrialContext.batches`. Every rank restores the same checkpoint; only rank 0 logs
+metrics and writes checkpoints, which hold the unwrapped model, so a trial resumes at any
+width.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import Any
 
 import torch
 
+from tasks.distributed import GlobalBatches, unwrap, wrap
 from tasks.tracking import Tracker
 
 
@@ -85,7 +94,7 @@ class TrialContext:
         resource, payload = loaded
         for name, obj in objects.items():
             if name in payload["state"] and hasattr(obj, "load_state_dict"):
-                obj.load_state_dict(payload["state"][name])
+                unwrap(obj).load_state_dict(payload["state"][name])
         self.restored_from = self.resource = resource
         return resource
 
@@ -109,7 +118,26 @@ class TrialContext:
         current resource, as an MLflow artifact of the trial's run."""
         if self.rank != 0:
             return
-        state = {k: v.state_dict() if hasattr(v, "state_dict") else v for k, v in objects.items()}
+        state = {
+            k: unwrap(v).state_dict() if hasattr(v, "state_dict") else v for k, v in objects.items()
+        }
         buffer = io.BytesIO()
         torch.save({"resource": self.resource, "state": state}, buffer)
         self._tracker.save_checkpoint(self.run_id, buffer.getvalue(), self.resource)
+
+    # --- data-parallel segments ----------------------------------------------------------
+
+    @property
+    def distributed(self) -> bool:
+        """Is this one of several data-parallel processes?"""
+        return self.world_size > 1
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` (already on :attr:`device`) wrapped for gradient averaging across the
+        segment's processes; ``model`` itself in a single-process segment."""
+        return wrap(model, self.device) if self.distributed else model
+
+    def batches(self, size: int, global_batch: int, seed: int = 0) -> GlobalBatches:
+        """This process's share of each global batch of ``global_batch`` indices out of
+        ``size``; the global batches, and so the training, do not depend on the width."""
+        return GlobalBatches(size, global_batch, self.rank, self.world_size, seed)

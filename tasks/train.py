@@ -1,22 +1,49 @@
-"""The training task: one segment of one trial, resumed from its checkpoint."""
+"""The training task: one segment of one trial, resumed from its checkpoint.
+
+A segment runs at its width ``Segment.gpus`` (ALGORITHMS.md §6, elastic trials):
+
+* ``g > 1``: ``g`` data-parallel processes (:func:`tasks.distributed.run_distributed`: gloo on
+  CPU, NCCL on CUDA with one GPU per process). Only a trainable that declares it supports
+  this (``train.distributed = True``, see :func:`supports_distributed`) is run so.
+* ``g = 1``: the trainable runs in this process, on ``cuda`` when there is one.
+* ``g < 1``: the segment shares its device with other segments. Segments of the local pool
+  are threads of one process and share it directly; on NVIDIA GPUs, segments in separate
+  processes (work-pool mode) run concurrently only under MPS, which elastune detects
+  (:func:`mps_running`) but does not start: run ``nvidia-cuda-mps-control -d`` on the node.
+  Without MPS they time-slice the GPU, and the trial's run is tagged so.
+
+A width that cannot run (the profile does not cover it, more GPUs than the pool or the
+worker has, a trainable that is not data-parallel) is bad input with a message naming the
+field, unless the job file sets ``compute.elastic_fallback: true``: the segment then runs on
+1 GPU and its MLflow run says why.
+"""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import math
+import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_run_logger
 
+from planners.cost.profile import Profile
+from planners.plan import Plan
 from planners.schedulers.base import Result, Segment
 from planners.spec import JobSpec, SpecError
 from tasks.context import TrialContext
+from tasks.distributed import DistContext, DistributedError, run_distributed
 from tasks.tracking import Tracker
 
 Trainable = Callable[[dict[str, Any], TrialContext], Any]
@@ -39,6 +66,100 @@ def load_trainable(reference: str) -> Trainable:
     return function
 
 
+def supports_distributed(trainable: Trainable) -> bool:
+    """Does the trainable train data-parallel when given several processes? It says so with
+    an attribute, set once it wraps its model with ``ctx.wrap`` and shards its batches with
+    ``ctx.batches`` (see ``examples/digits.py``)::
+
+        def train(config, ctx): ...
+        train.distributed = True
+    """
+    return getattr(trainable, "distributed", False) is True
+
+
+def profile_widths(spec: JobSpec) -> tuple[float, ...] | None:
+    """The GPU counts the job's profile covers; None when the job has no profile."""
+    return None if spec.profile is None else Profile.from_spec(spec.profile).gpu_counts
+
+
+def cuda_devices() -> int | None:
+    """CUDA devices on this machine; None without CUDA (data-parallel ranks are then CPU
+    processes, as many as asked for)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else None
+
+
+def mps_running() -> bool:
+    """Is an NVIDIA MPS control daemon serving this machine? It creates its ``control`` pipe
+    in ``$CUDA_MPS_PIPE_DIRECTORY`` (default ``/tmp/nvidia-mps``)."""
+    pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    return Path(pipes, "control").exists()
+
+
+def width_problem(
+    gpus: float,
+    *,
+    trainable: str,
+    distributed: bool,
+    covered: Sequence[float] | None = None,
+    max_gpus: int | None = None,
+    devices: int | None = None,
+) -> str | None:
+    """Why a segment cannot run on ``gpus`` GPUs, or None if it can.
+
+    One GPU always can: it is what a segment falls back to. ``covered`` are the profile's GPU
+    counts, ``max_gpus`` the pool's (``compute.max_gpus``), ``devices`` the CUDA devices of the
+    worker (None on CPU, where ranks are processes).
+    """
+    if not gpus > 0:
+        return f"a segment needs a positive number of GPUs, got {gpus:g}"
+    if gpus == 1:
+        return None
+    if covered is not None and not any(math.isclose(gpus, c) for c in covered):
+        counts = ", ".join(f"{c:g}" for c in covered)
+        return (
+            f"{gpus:g} GPUs per trial is a width the profile does not cover "
+            f"(profile GPU counts: {counts})"
+        )
+    if gpus < 1:
+        return None  # a share of one device: any trainable can run so
+    if gpus != int(gpus):
+        return f"{gpus:g} GPUs per trial: a width above 1 must be a whole number of GPUs"
+    if max_gpus is not None and gpus > max_gpus:
+        return f"{gpus:g} GPUs per trial is more than the pool has (compute.max_gpus: {max_gpus})"
+    if devices is not None and gpus > devices:
+        return f"{gpus:g} GPUs per trial is more than this worker has ({devices} CUDA devices)"
+    if not distributed:
+        return (
+            f"trainable: {trainable} does not support distributed training, asked to run on "
+            f"{gpus:g} GPUs (mark it with `{trainable.partition(':')[2]}.distributed = True` "
+            "once it uses ctx.wrap and ctx.batches)"
+        )
+    return None
+
+
+FALLBACK_HINT = "; set compute.elastic_fallback: true to run such segments on 1 GPU instead"
+
+
+def check_plan(spec: JobSpec, plan: Plan, devices: int | None = None) -> None:
+    """Before anything runs: every stage's width can run, or the job falls back to 1 GPU.
+    Raises SpecError naming the stage and the field."""
+    if spec.compute.elastic_fallback:
+        return
+    distributed = supports_distributed(load_trainable(spec.trainable))
+    covered = profile_widths(spec)
+    for stage in plan.stages:
+        problem = width_problem(
+            stage.gpus_per_trial,
+            trainable=spec.trainable,
+            distributed=distributed,
+            covered=covered,
+            max_gpus=spec.compute.max_gpus,
+            devices=devices,
+        )
+        if problem is not None:
+            raise SpecError(f"plan stage {stage.name}: {problem}{FALLBACK_HINT}")
+
+
 @dataclass(frozen=True)
 class JobRef:
     """What a segment needs to know about its job; small and picklable for remote workers."""
@@ -50,6 +171,11 @@ class JobRef:
     max_resource: float
     mlflow_uri: str
     experiment: str
+    # Elastic widths: the profile's GPU counts (None: no profile), the pool's GPUs, and
+    # whether a width that cannot run falls back to 1 GPU.
+    widths: tuple[float, ...] | None = None
+    max_gpus: int | None = None
+    elastic_fallback: bool = False
 
     @classmethod
     def of(cls, spec: JobSpec, job_id: str, mlflow_uri: str) -> JobRef:
@@ -61,6 +187,9 @@ class JobRef:
             spec.scheduler.max_resource,
             mlflow_uri,
             spec.experiment,
+            widths=profile_widths(spec),
+            max_gpus=spec.compute.max_gpus,
+            elastic_fallback=spec.compute.elastic_fallback,
         )
 
     def loss(self, value: float) -> float:
@@ -95,38 +224,129 @@ def report_name(segment: Segment) -> str:
     return f"{segment.start:g}-{segment.stop:g}"
 
 
-def run_segment(
-    job: JobRef, segment: Segment, config: dict[str, Any], run_id: str, device: str = "cpu"
-) -> SegmentReport:
-    """Train ``segment`` in this process and keep its report in MLflow. A trainable that
-    raises yields a failed result: one trial's failure never ends the job."""
-    tracker = Tracker(job.mlflow_uri, job.experiment)
+def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    try:
+        return get_run_logger()
+    except MissingContextError:  # called outside a Prefect run (tests, a plain script)
+        return logging.getLogger("elastune")
+
+
+def segment_width(job: JobRef, segment: Segment, trainable: Trainable) -> tuple[float, str | None]:
+    """The width ``segment`` runs at, and why it fell back to 1 GPU (None if it did not).
+    A width that cannot run is a SpecError unless the job allows the fallback."""
+    problem = width_problem(
+        segment.gpus,
+        trainable=job.trainable,
+        distributed=supports_distributed(trainable),
+        covered=job.widths,
+        max_gpus=job.max_gpus,
+        devices=cuda_devices(),
+    )
+    if problem is None:
+        return segment.gpus, None
+    where = f"trial {segment.trial}, segment {segment.start:g}→{segment.stop:g}"
+    if not job.elastic_fallback:
+        raise SpecError(f"{where}: {problem}{FALLBACK_HINT}")
+    _logger().warning("%s: %s; running it on 1 GPU (compute.elastic_fallback)", where, problem)
+    return 1.0, problem
+
+
+# How long a data-parallel segment may run; also each collective's limit, so a rank that
+# hangs (rather than dies, which is noticed at once) is given up on after this.
+ELASTIC_TIMEOUT_SECONDS = 7 * 24 * 3600.0
+
+Reports = list[tuple[float, dict[str, float]]]
+
+
+def _train(
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    trainable: Trainable,
+    **placement: Any,
+) -> tuple[TrialContext, str | None]:
+    """Run the trainable on this segment in this process; the context and the error, if any."""
     ctx = TrialContext(
         trial=segment.trial,
         start=segment.start,
         stop=segment.stop,
         max_resource=job.max_resource,
         run_id=run_id,
-        tracker=tracker,
-        device=device,
-        gpus=segment.gpus,
+        tracker=Tracker(job.mlflow_uri, job.experiment),
+        **placement,
     )
-    began = time.perf_counter()
-    error = None
+    if placement.get("world_size", 1) > 1:
+        trainable(dict(config), ctx)  # a rank that raises must end its peers: let it
+        return ctx, None
     try:
-        load_trainable(job.trainable)(dict(config), ctx)
+        trainable(dict(config), ctx)
     except Exception as exc:
         error = "".join(traceback.format_exception_only(exc)).strip()
         error += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])
+        return ctx, error
+    return ctx, None
+
+
+def _train_rank(
+    dist: DistContext,
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    gpus: float,
+) -> tuple[Reports, float]:
+    """One process of a data-parallel segment; rank 0's reports are the segment's."""
+    ctx, _ = _train(
+        job,
+        segment,
+        config,
+        run_id,
+        load_trainable(job.trainable),
+        device=str(dist.device),
+        gpus=gpus,
+        rank=dist.rank,
+        world_size=dist.world_size,
+    )
+    return ctx.reports, ctx.resource
+
+
+def run_segment(
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    device: str | None = None,
+    gpu_ids: Sequence[int] | None = None,
+) -> SegmentReport:
+    """Train ``segment`` at its width and keep its report in MLflow. A trainable that raises
+    (or that this worker cannot import) yields a failed result: one trial's failure never
+    ends the job. A width that cannot run raises SpecError (see :func:`segment_width`).
+
+    Args:
+        device: Where a single-process segment trains; default ``cuda`` when there is one.
+        gpu_ids: The GPUs the executor (a packer's assignment) gave this segment, one per
+            data-parallel process; default ``0 .. g-1``. Ignored without CUDA.
+    """
+    tracker = Tracker(job.mlflow_uri, job.experiment)
+    began = time.perf_counter()
+    try:
+        trainable = load_trainable(job.trainable)
+    except SpecError as exc:  # the job checked it; this worker lacks the code
+        reports, resource, error = [], segment.start, str(exc)
+    else:
+        reports, resource, error = _train_at_width(
+            job, segment, config, run_id, trainable, tracker, device, gpu_ids
+        )
     seconds = time.perf_counter() - began
-    reports = ctx.reports
-    if not reports and error is None and ctx.restored_from >= segment.stop:
+    if not reports and error is None and resource >= segment.stop:
         # This segment finished before a crash lost its report: it checkpointed at (or past)
-        # its stop, so it trained nothing now. Its metrics are in MLflow already.
+        # its stop, so it trained nothing now (it resumed at ``resource``). Its metrics are
+        # in MLflow already.
         reports = [
             (float(step), {job.metric: value})
             for step, value in sorted(tracker.metric_history(run_id, job.metric))
-            if segment.start < step <= ctx.restored_from
+            if segment.start < step <= resource
         ]
     history = tuple((r, job.loss(m[job.metric])) for r, m in reports if job.metric in m)
     seen = tuple(sorted({k for _, metrics in reports for k in metrics}))
@@ -134,12 +354,52 @@ def run_segment(
         error = f"metric {job.metric} is {job.loss(history[-1][1])}"
     failed = error is not None or not history
     loss = history[-1][1] if history else math.inf
-    result = Result(segment.trial, ctx.resource, loss, failed, history, seconds)
+    result = Result(segment.trial, resource, loss, failed, history, seconds)
     report = SegmentReport(result, seen, error)
     # The report is kept with the trial, so a resumed or remote driver never re-runs a
     # segment that finished.
     tracker.save_report(run_id, report_name(segment), report.to_dict())
     return report
+
+
+def _train_at_width(
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    trainable: Trainable,
+    tracker: Tracker,
+    device: str | None,
+    gpu_ids: Sequence[int] | None,
+) -> tuple[Reports, float, str | None]:
+    """Run the segment on one process or ``g``; its reports, resource reached and error."""
+    gpus, fallback = segment_width(job, segment, trainable)
+    cuda = cuda_devices() is not None
+    ids = list(gpu_ids) if cuda and gpu_ids is not None else None
+    if device is None:
+        device = "cpu" if not cuda else f"cuda:{ids[0]}" if ids else "cuda"
+    tags: dict[str, Any] = {"elastune.gpus": f"{gpus:g}"}
+    if fallback is not None:
+        tags["elastune.width_fallback"] = f"asked {segment.gpus:g} GPUs: {fallback}"
+    if gpus < 1 and cuda:
+        tags["elastune.gpu_sharing"] = "mps" if mps_running() else "time-slicing"
+    tracker.set_tags(run_id, tags)
+    if gpus <= 1:
+        ctx, error = _train(job, segment, config, run_id, trainable, device=device, gpus=gpus)
+        return ctx.reports, ctx.resource, error
+    try:
+        reports, resource = run_distributed(
+            _train_rank,
+            int(gpus),
+            (job, segment, config, run_id, gpus),
+            devices=ids,
+            timeout=ELASTIC_TIMEOUT_SECONDS,
+            preload=[job.trainable.partition(":")[0]],
+        )
+    except (DistributedError, TimeoutError) as exc:
+        # The ranks' reports are lost with them; the segment failed either way.
+        return [], segment.start, str(exc)
+    return reports, resource, None
 
 
 @task(

@@ -64,3 +64,15 @@ def hangs_for_small_x(config: dict, ctx: TrialContext) -> None:
     while config["x"] < 0.3:
         time.sleep(0.05)
     quadratic(config, ctx)
+
+
+def rank_one_raises(config: dict, ctx: TrialContext) -> None:
+    """Data-parallel in name: every rank reports, and rank 1 raises after its first epoch."""
+    for epoch in ctx.range(ctx.restore()):
+        ctx.report(val_accuracy=0.5)
+        if ctx.rank == 1:
+            raise FloatingPointError(f"rank 1 diverged at epoch {epoch}")
+        torch.distributed.barrier()  # rank 0 waits here for a peer that never comes
+
+
+rank_one_raises.distributed = True  # type: ignore[attr-defined]
