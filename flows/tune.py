@@ -41,7 +41,15 @@ from planners.space import make_sampler
 from planners.spec import JobSpec, SpecError, load_job, parse_job
 from tasks.context import TrialContext
 from tasks.tracking import Tracker, flatten, local_uri
-from tasks.train import JobRef, SegmentReport, load_trainable, report_name, train_segment
+from tasks.train import (
+    JobRef,
+    SegmentReport,
+    check_plan,
+    cuda_devices,
+    load_trainable,
+    report_name,
+    train_segment,
+)
 
 # Where a job keeps what resume needs: the spec and parent run on the study, each trial's
 # MLflow run on its Optuna trial.
@@ -402,6 +410,8 @@ def tune(
         spec = load_job(job_file, overrides or ())
         load_trainable(spec.trainable)
         plan = plan_for(spec)
+        if plan is not None:  # widths the profile, the pool or the trainable cannot run
+            check_plan(spec, plan, cuda_devices() if spec.compute.pool == "local" else None)
         pool = None if spec.compute.pool == "local" else open_pool(spec)
         job_id = job_id or new_job_id(spec.name)
         outcome.value = drive(Job.create(spec, job_id, plan, pool, warm_start or []))
