@@ -181,11 +181,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     spec = _load(args)
-    from planners.simulator import format_report, simulate_job
+    from planners.simulator import Preemption, format_report, simulate_job
 
     _quiet_optuna()
     workers = spec.compute.workers if args.workers is None else args.workers
-    report = simulate_job(spec, args.benchmark, workers, args.seeds)
+    if args.preemptions_per_hour < 0:
+        raise UsageError(f"--preemptions-per-hour must be >= 0, got {args.preemptions_per_hour}")
+    preemption = Preemption(args.preemptions_per_hour) if args.preemptions_per_hour else None
+    report = simulate_job(spec, args.benchmark, workers, args.seeds, preemption=preemption)
     _emit(report, args.json, lambda r: print(format_report(r)))
     return 0
 
@@ -224,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--workers", type=int, help="virtual workers (default compute.workers)")
     sim.add_argument("--seeds", type=int, default=1, help="independent runs")
+    sim.add_argument(
+        "--preemptions-per-hour",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="interrupt each worker at this rate; segments resume from checkpoints",
+    )
     sim.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     sim.set_defaults(handler=cmd_simulate)
 

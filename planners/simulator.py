@@ -31,6 +31,13 @@ spread evenly over its wall time (its epochs' observations are placed pro rata),
 ``gpu_seconds`` counts width times wall time. Without ``packing`` every segment takes one
 worker (the default, unchanged).
 
+Preemption (``preemption=Preemption(per_hour, restart_seconds)``, one worker per segment):
+each worker is an instance interrupted as a Poisson process (seeded by the run's seed). A
+segment checkpoints after every epoch, so an interruption loses the part of the epoch in
+progress; the segment resumes from its checkpoint on a replacement after
+``restart_seconds``, as the executor's retries do. Lost work counts in ``gpu_seconds``;
+the epochs' observations are stretched over the longer wall time.
+
 Fast path (``fast=True``): a stand-in for the Optuna study that draws configurations
 directly (table rows, or uniform draws from the space) and drops reports, for runs of
 100,000 trials where Optuna's bookkeeping would dominate. Schedulers and the loop are the
@@ -308,6 +315,40 @@ class _Segments:
         return Result(job.trial, b, sign * metric[b - 1], history=history, seconds=duration), seen
 
 
+@dataclass(frozen=True)
+class Preemption:
+    """Instances interrupted ``per_hour`` times an hour on average; a replacement is ready
+    ``restart_seconds`` later."""
+
+    per_hour: float
+    restart_seconds: float = 180.0
+
+    def __post_init__(self) -> None:
+        if not self.per_hour >= 0:
+            raise ValueError(f"per_hour must be >= 0, got {self.per_hour}")
+        if not self.restart_seconds >= 0:
+            raise ValueError(f"restart_seconds must be >= 0, got {self.restart_seconds}")
+
+    def run(
+        self, seconds: float, epochs: int, rng: np.random.Generator
+    ) -> tuple[float, float, int]:
+        """(wall time, busy time, interruptions) of a segment of ``epochs`` epochs costing
+        ``seconds`` when nothing interrupts it."""
+        if self.per_hour == 0 or seconds <= 0:
+            return seconds, seconds, 0
+        epoch = seconds / max(epochs, 1)
+        left, wall, busy, count = seconds, 0.0, 0.0, 0
+        while True:
+            up = rng.exponential(3600.0 / self.per_hour)
+            if up >= left:
+                return wall + left, busy + left, count
+            kept = math.floor(up / epoch) * epoch  # checkpointed epochs survive
+            left -= kept
+            wall += up + self.restart_seconds
+            busy += up
+            count += 1
+
+
 @dataclass
 class _Trace:
     """What a run observed: anytime points, top-resource results and busy GPU time."""
@@ -318,6 +359,7 @@ class _Trace:
     submitted: int = 0
     results: int = 0
     end: float = 0.0
+    preemptions: int = 0
 
 
 def _run_packed(
@@ -407,6 +449,7 @@ class Simulation:
     simulated_seconds: float
     best_trial: dict[str, Any] | None
     trained: list[tuple[float, float]] = field(default_factory=list)
+    preemptions: int = 0
     wall_seconds: float = field(default=0.0, compare=False)  # real time; not in to_dict()
 
     @property
@@ -443,6 +486,7 @@ class Simulation:
             "results": self.results,
             "simulated_seconds": self.simulated_seconds,
             "best_trial": self.best_trial,
+            "preemptions": self.preemptions,
         }
 
 
@@ -468,6 +512,7 @@ def simulate(
     replace: bool = False,
     sampler: optuna.samplers.BaseSampler | None = None,
     packing: Packing | None = None,
+    preemption: Preemption | None = None,
 ) -> Simulation:
     """Run the job once in simulated time.
 
@@ -485,9 +530,12 @@ def simulate(
             with a table, it must propose the table's rows.
         packing: Run synchronous stages as Fluid TrialGroups on ``workers`` GPUs (see the
             module docstring); None: one worker per segment.
+        preemption: Interrupt workers at random (see the module docstring).
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if packing is not None and preemption is not None:
+        raise ValueError("preemption is simulated with one worker per segment, not with packing")
     if packing is not None and not isinstance(spec.scheduler, ShaSpec | HyperbandSpec):
         raise ValueError(
             f"packing runs the stages of synchronous sha or hyperband, not {spec.scheduler.name}"
@@ -513,7 +561,8 @@ def simulate(
     if packing is not None:
         trace = _run_packed(loop, segments, packing.packer(workers), horizon, top)
     else:
-        trace = _run(loop, segments, workers, horizon, top)
+        rng = np.random.default_rng([seed, 7])  # interruptions: their own stream
+        trace = _run(loop, segments, workers, horizon, top, preemption, rng)
     loop.finish()
     best = loop.best()
     return Simulation(
@@ -526,6 +575,7 @@ def simulate(
         trials_started=len(loop.configs),
         segments_run=trace.submitted,
         results=trace.results,
+        preemptions=trace.preemptions,
         simulated_seconds=trace.end,
         best_trial=None
         if best is None
@@ -539,10 +589,19 @@ def simulate(
     )
 
 
-def _run(loop: TuningLoop, segments: _Segments, workers: int, horizon: float, top: float) -> _Trace:
+def _run(
+    loop: TuningLoop,
+    segments: _Segments,
+    workers: int,
+    horizon: float,
+    top: float,
+    preemption: Preemption | None = None,
+    rng: np.random.Generator | None = None,
+) -> _Trace:
     """The event loop with one worker per segment."""
     trace = _Trace()
-    queue: list[tuple[float, int, float, float, Result]] = []  # (due, order, start, gpus, result)
+    # (due, order, start, busy GPU-seconds per GPU, gpus, result)
+    queue: list[tuple[float, int, float, float, float, Result]] = []
     now = 0.0
     while True:
         while now < horizon and len(queue) < workers:
@@ -550,23 +609,30 @@ def _run(loop: TuningLoop, segments: _Segments, workers: int, horizon: float, to
             if job is None:
                 break
             result, seen = segments.evaluate(job)
-            trace.points.extend((now + dt, value) for dt, value in seen)
-            heapq.heappush(queue, (now + result.seconds, trace.submitted, now, job.gpus, result))
+            wall = busy = result.seconds
+            if preemption is not None and rng is not None:
+                epochs = round(job.stop - job.start)
+                wall, busy, count = preemption.run(result.seconds, epochs, rng)
+                trace.preemptions += count
+            stretch = wall / result.seconds if result.seconds > 0 else 1.0
+            trace.points.extend((now + dt * stretch, value) for dt, value in seen)
+            heapq.heappush(queue, (now + wall, trace.submitted, now, busy, job.gpus, result))
             trace.submitted += 1
         if not queue:
             break
-        due, _, start, gpus, result = queue[0]
+        due, _, start, busy, gpus, result = queue[0]
         if due > horizon:
             break
         heapq.heappop(queue)
         now = due
-        trace.gpu_seconds += (due - start) * gpus
+        trace.gpu_seconds += busy * gpus
         loop.record(result)
         trace.results += 1
         if result.resource >= top and not math.isnan(result.loss):
             trace.trained.append((due, -result.loss if segments.maximise else result.loss))
-    for due, _, start, gpus, _ in queue:  # cut off by the deadline
-        trace.gpu_seconds += (min(due, horizon) - start) * gpus
+    for due, _, start, busy, gpus, _ in queue:  # cut off by the deadline
+        share = (min(due, horizon) - start) / (due - start) if due > start else 0.0
+        trace.gpu_seconds += busy * share * gpus
     trace.end = now if not queue else horizon
     return trace
 
@@ -607,6 +673,7 @@ def simulate_job(
     *,
     deadline: float | None = None,
     root: str | Path | None = None,
+    preemption: Preemption | None = None,
 ) -> dict[str, Any]:
     """``elastune simulate``: the job on a named benchmark, once per seed, as JSON-ready data.
 
@@ -628,7 +695,10 @@ def simulate_job(
             "budget.deadline; set one of them"
         )
     base = spec.sampler.seed or 0
-    runs = [simulate(spec, benchmark, workers, base + i, deadline=deadline) for i in range(seeds)]
+    runs = [
+        simulate(spec, benchmark, workers, base + i, deadline=deadline, preemption=preemption)
+        for i in range(seeds)
+    ]
     finals = [r.final_best for r in runs if r.final_best is not None]
     return {
         "job": spec.name,

@@ -258,3 +258,55 @@ def test_data_location_comes_from_the_environment(monkeypatch, tmp_path):
     with pytest.raises(SpecError, match="ELASTUNE_BENCHMARKS"):
         data_dir()
     assert data_dir(real) == real
+
+
+def test_preemptions_cost_time_and_gpu_seconds_but_change_no_decision() -> None:
+    from planners.simulator import Preemption, simulate
+
+    spec = parse_job(
+        {
+            "name": "pre",
+            "trainable": "m:f",
+            "metric": "val_accuracy",
+            "space": {"x": {"type": "float", "low": 0, "high": 1}},
+            "sampler": {"name": "random", "seed": 0},
+            "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9},
+        }
+    )
+
+    class Slow:  # 600 s per epoch: long enough to be interrupted at 3 an hour
+        name, max_resource, table = "slow", 9, None
+
+        def curve(self, config):
+            return Curve(
+                [config["x"] * e / 9 for e in range(1, 10)], [600.0 * e for e in range(1, 10)]
+            )
+
+    calm = simulate(spec, Slow(), workers=3, seed=1)
+    none = simulate(spec, Slow(), workers=3, seed=1, preemption=Preemption(0.0))
+    assert none.to_dict() == calm.to_dict()  # rate 0 changes nothing
+    rough = simulate(spec, Slow(), workers=3, seed=1, preemption=Preemption(3.0, 120.0))
+    assert rough.preemptions > 0
+    assert rough.simulated_seconds > calm.simulated_seconds
+    assert rough.gpu_seconds > calm.gpu_seconds  # the lost part-epochs are paid for
+    assert rough.best_trial == calm.best_trial  # resumed from checkpoints: same results
+    again = simulate(spec, Slow(), workers=3, seed=1, preemption=Preemption(3.0, 120.0))
+    assert again.to_dict() == rough.to_dict()  # seeded
+
+
+def test_a_segment_loses_only_the_epoch_in_progress() -> None:
+    import numpy as np
+
+    from planners.simulator import Preemption
+
+    class Once:  # interrupted once, 250 s in, then never again
+        def __init__(self):
+            self.draws = iter([250.0, 1e12])
+
+        def exponential(self, scale):
+            return next(self.draws)
+
+    wall, busy, count = Preemption(1.0, 100.0).run(1000.0, 10, Once())  # 100 s epochs
+    # 250 s in, 2 epochs were checkpointed: 800 s of work remain after a 100 s restart.
+    assert count == 1 and busy == 250.0 + 800.0 and wall == 250.0 + 100.0 + 800.0
+    assert Preemption(0.0).run(1000.0, 10, np.random.default_rng(0)) == (1000.0, 1000.0, 0)
