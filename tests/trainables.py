@@ -57,3 +57,16 @@ def logged_quadratic(config: dict, ctx: TrialContext) -> None:
             out.write(f"{ctx.trial} {epoch}\n")
 
     quadratic(config, ctx, log)
+
+
+def pid_logged_quadratic(config: dict, ctx: TrialContext) -> None:
+    """:func:`quadratic` that, before each epoch, appends ``pid trial epoch`` to
+    $ELASTUNE_TEST_PIDS and then takes $ELASTUNE_TEST_EPOCH_SECONDS (default 1): a test can
+    find the process training a segment and kill it mid-segment."""
+
+    def log(epoch: int) -> None:
+        with open(os.environ["ELASTUNE_TEST_PIDS"], "a") as out:
+            out.write(f"{os.getpid()} {ctx.trial} {epoch}\n")
+        time.sleep(float(os.environ.get("ELASTUNE_TEST_EPOCH_SECONDS", "1")))
+
+    quadratic(config, ctx, log)
