@@ -4,7 +4,11 @@ The job is ``examples/digits.yaml`` run through the real CLI with fresh MLflow, 
 Prefect stores in a temporary folder. The driver (``python -m flows.cli run``, in its own
 process group) gets SIGKILL, as a preempted machine would, at ``--kills`` points drawn with
 ``--seed``; each time ``python -m flows.cli resume JOB_ID`` takes over, and a resuming driver
-may itself be killed (a kill point may fall while it is still starting). A second,
+may itself be killed (a kill point may fall while it is still starting). A kill point is a
+number of journaled results and a phase: ``after-result`` kills as soon as that many results
+are journaled (between segments, or while a resumed driver is starting), and
+``after-checkpoint`` waits for the next checkpoint file, so the kill lands mid-segment or
+between a segment's last checkpoint and its report. A second,
 uninterrupted run of the same job with the same seed runs beside it. The script prints:
 
 - finished segments re-run (goal 0): measured in Prefect, independently of elastune's own
@@ -47,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 JOB_FILE = ROOT / "examples" / "digits.yaml"
 RESULT = ROOT / "benchmarks" / "results" / "chaos.json"
+PHASES = ("after-result", "after-checkpoint")
 TIMEOUT = 900.0  # seconds any one driver may take before the benchmark gives up
 
 
@@ -115,6 +120,11 @@ def job_id_of(log: Path, process: subprocess.Popen) -> str:
             raise RuntimeError(f"driver exited {process.returncode}:\n{log.read_text()}")
         time.sleep(0.1)
     raise RuntimeError("the driver printed no job id")
+
+
+def checkpoint_files(stores: Stores) -> set[Path]:
+    """Checkpoint files in the job's artifact store (beside its MLflow database)."""
+    return set((stores.root / "artifacts").glob("**/checkpoints/*.pt"))
 
 
 def journal(job_id: str, storage: str) -> list[dict[str, Any]]:
@@ -280,9 +290,12 @@ def main() -> int:
     overrides = [f"scheduler.max_resource={args.max_resource}", *args.set]
     total = compile_plan(load_job(JOB_FILE, overrides)).segments
     rng = random.Random(args.seed)
-    # A kill point: once this many results are journaled, wait this long, then SIGKILL.
+    # A kill point: once this many results are journaled, SIGKILL at once, or once the next
+    # checkpoint is written (mid-segment, or between a segment's last checkpoint and its
+    # report). Phases alternate from a random first one, so both kinds are always tried.
     points = sorted(rng.sample(range(1, total), args.kills))
-    delays = [round(rng.uniform(0.0, 3.0), 2) for _ in points]
+    first = rng.randrange(len(PHASES))
+    phases = [PHASES[(first + i) % len(PHASES)] for i in range(len(points))]
 
     with tempfile.TemporaryDirectory(prefix="elastune-chaos-") as tmp:
         chaos, clean = Stores(Path(tmp) / "chaos"), Stores(Path(tmp) / "clean")
@@ -298,11 +311,14 @@ def main() -> int:
         resume = ["resume", job_id, "--storage", chaos.optuna]
         kills: list[dict[str, Any]] = []
         snapshots: list[tuple[list, set]] = []
-        for point, delay in zip(points, delays, strict=True):
+        for point, phase in zip(points, phases, strict=True):
             started = time.monotonic()
             while len(journal(job_id, chaos.optuna)) < point and driver.poll() is None:
-                time.sleep(0.2)
-            time.sleep(delay)
+                time.sleep(0.1)
+            if phase == "after-checkpoint":
+                seen = checkpoint_files(chaos)
+                while checkpoint_files(chaos) <= seen and driver.poll() is None:
+                    time.sleep(0.02)
             if driver.poll() is not None:
                 break  # the job finished before this kill point
             os.killpg(driver.pid, signal.SIGKILL)
@@ -312,7 +328,7 @@ def main() -> int:
                 {
                     "driver": len(kills),
                     "kill_after_results": point,
-                    "extra_delay_s": delay,
+                    "phase": phase,
                     "results_journaled_at_kill": len(records),
                     "driver_age_s": round(time.monotonic() - started, 1),
                     "_checkpoints": checkpoints(job_id, chaos),
@@ -363,7 +379,7 @@ def main() -> int:
         },
         "seed": args.seed,
         "kill_points": [
-            {"after_results": p, "extra_delay_s": d} for p, d in zip(points, delays, strict=True)
+            {"after_results": p, "phase": f} for p, f in zip(points, phases, strict=True)
         ],
         "kills": kills,
         "drivers": len(kills) + 1,
@@ -382,6 +398,8 @@ def main() -> int:
         "mlflow_trial_runs": sum(runs_per_trial.values()),
         "leaderboard_equal": not differing,
         "trials_differing": differing,
+        "failed_trials": sum(state == "FAIL" for _, state, _, _ in ours.values()),
+        "failed_trials_uninterrupted": sum(state == "FAIL" for _, state, _, _ in theirs.values()),
         "differences": differences,
         "best_equal": summary["best"] == reference["best"],
         "best": summary["best"],
@@ -406,6 +424,10 @@ def main() -> int:
     print(f"{'leaderboard equals uninterrupted':>32}  {figure['leaderboard_equal']}   (goal True)")
     if differing:
         print(f"{'trials differing':>32}  {differing}")
+    print(
+        f"{'failed trials':>32}  {figure['failed_trials']} (uninterrupted: "
+        f"{figure['failed_trials_uninterrupted']})"
+    )
     print(f"{'metric steps logged twice':>32}  {repeated_steps}")
     print(f"{'task runs left by kills':>32}  {zombies}")
     print(f"{'MLflow runs per trial (max)':>32}  {figure['mlflow_runs_per_trial_max']}")

@@ -40,7 +40,7 @@ def write(tmp: Path, name: str, data: object) -> str:
     return str(path)
 
 
-def only_job_line_and(capsys: pytest.CaptureFixture[str]) -> pytest.CaptureFixture[str]:
+def without_job_line(capsys: pytest.CaptureFixture[str]) -> pytest.CaptureFixture[str]:
     """``run`` and ``resume`` print ``job <ID>`` before the flow starts; drop that line so
     :func:`assert_rejected` sees the error line alone."""
 
@@ -224,7 +224,7 @@ def test_run_with_an_infeasible_deadline_creates_nothing(tmp_path, stores, capsy
     """The cost planner's verdict stops ``run`` too, before any run or study exists."""
     job = write(tmp_path, "job.yaml", planned(budget={"deadline": "1s"}))
     code = main(["run", job, *stores])
-    assert_rejected(only_job_line_and(capsys), code, "budget.deadline", tmp_path)
+    assert_rejected(without_job_line(capsys), code, "budget.deadline", tmp_path)
 
 
 # --- flags of plan, simulate, resume and run -----------------------------------------------
@@ -236,7 +236,7 @@ FLAGS = [
         ["plan", "{planned}", "--planner", "seer"],
         "budget.max_cost_usd",
     ),
-    ("plan: no job file", ["plan"], "job"),
+    ("plan: no job file", ["plan"], "arguments are required: job"),
     ("plan: unknown flag", ["plan", "{job}", "--colour"], "--colour"),
     ("simulate: no benchmark", ["simulate", "{job}"], "--benchmark"),
     ("simulate: unknown benchmark", ["simulate", "{job}", "--benchmark", "mnist"], "--benchmark"),
@@ -329,7 +329,7 @@ def test_resume_of_a_study_elastune_did_not_make(tmp_path, capsys) -> None:
 )
 def test_resume_unknown_job_creates_no_store(tmp_path, capsys) -> None:
     code = main(["resume", "no-such-job", "--storage", f"sqlite:///{tmp_path}/optuna.db"])
-    assert_rejected(only_job_line_and(capsys), code, "job id", tmp_path)
+    assert_rejected(without_job_line(capsys), code, "job id", tmp_path)
 
 
 BAD_STORAGE = [
@@ -349,7 +349,7 @@ BAD_STORAGE = [
 @pytest.mark.parametrize(("why", "storage"), BAD_STORAGE, ids=[c[0] for c in BAD_STORAGE])
 def test_resume_bad_storage(why, storage, tmp_path, capsys) -> None:
     code = main(["resume", "some-job", "--storage", storage.format(tmp=tmp_path)])
-    assert_rejected(only_job_line_and(capsys), code, "--storage", tmp_path)
+    assert_rejected(without_job_line(capsys), code, "--storage", tmp_path)
 
 
 BAD_TRACKING = [
@@ -371,4 +371,4 @@ BAD_TRACKING = [
 def test_bad_tracking_store(why, override, field, tmp_path, stores, capsys) -> None:
     job = write(tmp_path, "job.yaml", GOOD)
     code = main(["run", job, *stores, "--set", override])
-    assert_rejected(only_job_line_and(capsys), code, field, tmp_path)
+    assert_rejected(without_job_line(capsys), code, field, tmp_path)

@@ -120,7 +120,8 @@ import os, sys, time
 what, uri, go = sys.argv[1:]
 import optuna
 from tasks.tracking import Tracker, local_uri
-while not os.path.exists(go):  # both processes imported everything: start together
+open(f"{go}.{os.getpid()}", "w").close()  # imported everything: ready
+while not os.path.exists(go):  # start together
     time.sleep(0.005)
 if what == "mlflow":
     Tracker(uri, "shared").experiment_id  # what a job's first MLflow call does
@@ -150,7 +151,9 @@ def test_two_jobs_create_a_fresh_store_at_once(store, tmp_path) -> None:
         )
         for _ in range(2)
     ]
-    time.sleep(8)  # imports take seconds: let both reach the barrier before opening it
+    deadline = time.monotonic() + 120  # imports take seconds: open the gate once both wait
+    while len(list(tmp_path.glob("go.*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     go.write_text("")
     errors = [p.communicate(timeout=120)[1] for p in processes]
     assert [p.returncode for p in processes] == [0, 0], errors
