@@ -8,17 +8,22 @@ may itself be killed (a kill point may fall while it is still starting). A kill 
 number of journaled results and a phase: ``after-result`` kills as soon as that many results
 are journaled (between segments, or while a resumed driver is starting), and
 ``after-checkpoint`` waits for the next checkpoint file, so the kill lands mid-segment or
-between a segment's last checkpoint and its report. A second,
-uninterrupted run of the same job with the same seed runs beside it. The script prints:
+between a segment's last checkpoint and its report. Phases alternate from a seeded first
+one. A second, uninterrupted run of the same job with the same seed runs beside it. The
+script prints:
 
-- finished segments re-run (goal 0): measured in Prefect, independently of elastune's own
-  bookkeeping: for every segment (trial, start, stop), the ``train-segment`` task runs that
-  reached Completed, across every flow run of the job; more than one is a re-run;
-- results lost (goal 0): journal records present before a kill but missing (or changed)
-  in the final journal, and MLflow metric points (run, metric, step, value) logged before
-  a kill but missing at the end;
+- finished segments re-run (goal 0), measured outside elastune's own bookkeeping: a segment
+  (trial, start, stop) whose ``train-segment`` task runs reached Completed more than once
+  across every flow run of the job (Prefect API), or whose report, saved in MLflow before a
+  kill, was later written again (a report holds its own run time, so only a re-run rewrites
+  it);
+- results lost (goal 0): journal records present before a kill but missing or changed in
+  the final journal, plus segment reports saved before a kill whose result is not in the
+  final journal as saved; MLflow metric points (run, metric, step, value) logged before a
+  kill but missing at the end are counted apart;
 - whether the final leaderboard equals the uninterrupted run's: per trial id, the Optuna
-  trial's parameters, state, value and intermediate values.
+  trial's parameters, state, value and intermediate values; the differences are written
+  to the JSON, with the segment each kill interrupted and the checkpoint it had then.
 
 Why ``compute.workers=1``: with two workers Hyperband's brackets overlap, and which bracket
 draws the next trial id depends on which segment finishes first; trial ids seed the
@@ -48,6 +53,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# Reading segment reports back would draw a progress bar per file.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 JOB_FILE = ROOT / "examples" / "digits.yaml"
 RESULT = ROOT / "benchmarks" / "results" / "chaos.json"
@@ -219,6 +226,34 @@ def checkpoints(job_id: str, stores: Stores) -> dict[int, float]:
     return newest
 
 
+def saved_reports(job_id: str, stores: Stores) -> dict[tuple[int, str], dict[str, Any]]:
+    """Every segment report saved in MLflow (what a finished segment leaves behind), by
+    (trial, segment name): the result a resumed driver must use instead of re-running."""
+    from tasks.tracking import Tracker
+
+    tracker = Tracker(stores.mlflow, "digits-cnn")
+    runs = tracker.client.search_runs(
+        [tracker.experiment_id],
+        f"tags.`elastune.job_id` = '{job_id}' and tags.`elastune.trial` != ''",
+        max_results=1000,
+    )
+    reports = {}
+    for run in runs:
+        trial = int(run.data.tags["elastune.trial"])
+        for item in tracker.client.list_artifacts(run.info.run_id, "segments"):
+            name = Path(item.path).stem
+            report = tracker.load_report(run.info.run_id, name)
+            if report is not None:
+                reports[(trial, name)] = report["result"]
+    return reports
+
+
+def honoured(saved: dict[str, Any], final: list[dict[str, Any]]) -> bool:
+    """Whether the final journal holds this saved segment result as it was saved."""
+    keys = ("trial", "resource", "loss", "failed")
+    return any(all(r["result"][k] == saved[k] for k in keys) for r in final)
+
+
 def interrupted(kill: dict[str, Any], final: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The segments a kill interrupted. A segment is journaled with the result that follows
     it, so those running at the kill are the first the next driver handed out again."""
@@ -310,7 +345,7 @@ def main() -> int:
         job_id = job_id_of(log, driver)
         resume = ["resume", job_id, "--storage", chaos.optuna]
         kills: list[dict[str, Any]] = []
-        snapshots: list[tuple[list, set]] = []
+        snapshots: list[tuple[list, set, dict]] = []
         for point, phase in zip(points, phases, strict=True):
             started = time.monotonic()
             while len(journal(job_id, chaos.optuna)) < point and driver.poll() is None:
@@ -334,7 +369,7 @@ def main() -> int:
                     "_checkpoints": checkpoints(job_id, chaos),
                 }
             )
-            snapshots.append((records, metric_points(job_id, chaos)))
+            snapshots.append((records, metric_points(job_id, chaos), saved_reports(job_id, chaos)))
             print(
                 f"kill {len(kills)}: driver {len(kills) - 1} killed with "
                 f"{len(records)}/{total} results journaled",
@@ -350,11 +385,21 @@ def main() -> int:
         for kill in kills:
             kill["interrupted"] = interrupted(kill, final)
         final_points = metric_points(job_id, chaos)
-        lost_results = sum(
+        # A result is lost when a journal record present at a kill is gone or changed, or
+        # when a segment report saved before a kill is not in the final journal as saved.
+        lost_records = sum(
             sum(1 for i, r in enumerate(records) if i >= len(final) or final[i] != r)
-            for records, _ in snapshots
+            for records, _, _ in snapshots
         )
-        lost_points = len(set().union(*(p for _, p in snapshots)) - final_points)
+        reports: dict[tuple[int, str], dict[str, Any]] = {}
+        for _, _, saved in snapshots:  # the first version saved: a re-run may overwrite it
+            for key, result in saved.items():
+                reports.setdefault(key, result)
+        lost_reports = sorted(
+            f"trial-{t} {name}" for (t, name), r in reports.items() if not honoured(r, final)
+        )
+        lost_results = lost_records + len(lost_reports)
+        lost_points = len(set().union(*(p for _, p, _ in snapshots)) - final_points)
         steps = Counter((run, key, step) for run, key, step, _ in final_points)
         repeated_steps = sum(1 for n in steps.values() if n > 1)
         journaled = Counter((r["result"]["trial"], r["result"]["resource"]) for r in final)
@@ -363,7 +408,14 @@ def main() -> int:
             del os.environ[key]
         os.environ.update({k: v for k, v in chaos.env().items() if k.startswith("PREFECT_")})
         completed, zombies = segment_task_runs(chaos)
-        rerun = {name: n - 1 for name, n in completed.items() if n > 1}
+        # Re-run finished segments, two ways: Prefect completed the same segment's task more
+        # than once, or a report saved before a kill was later overwritten (a report records
+        # its own run time, so a re-run never rewrites it identically).
+        rerun = {name.replace("→", "-"): n - 1 for name, n in completed.items() if n > 1}
+        final_reports = saved_reports(job_id, chaos)
+        for (trial, name), first in reports.items():
+            if final_reports.get((trial, name)) != first:
+                rerun.setdefault(f"trial-{trial} {name}", 1)
         runs_per_trial = child_runs(job_id, chaos)
 
         ours, theirs = board(job_id, chaos.optuna), board(reference["job_id"], clean.optuna)
@@ -388,9 +440,12 @@ def main() -> int:
         "trials": summary["trials"],
         "finished_segments_rerun": sum(rerun.values()),
         "rerun_detail": rerun,
+        "rerun_seen_by_prefect": sum(n > 1 for n in completed.values()),
         "segments_completed_in_prefect": len(completed),
         "task_runs_left_running_by_kills": zombies,
         "results_lost": lost_results,
+        "journal_records_lost": lost_records,
+        "saved_segment_reports_not_honoured": lost_reports,
         "metric_points_lost": lost_points,
         "metric_steps_logged_twice": repeated_steps,
         "results_journaled_twice": sum(n - 1 for n in journaled.values() if n > 1),
@@ -398,6 +453,7 @@ def main() -> int:
         "mlflow_trial_runs": sum(runs_per_trial.values()),
         "leaderboard_equal": not differing,
         "trials_differing": differing,
+        "optuna_trials_without_trial_id": sum(t < 0 for t in ours),
         "failed_trials": sum(state == "FAIL" for _, state, _, _ in ours.values()),
         "failed_trials_uninterrupted": sum(state == "FAIL" for _, state, _, _ in theirs.values()),
         "differences": differences,
