@@ -76,3 +76,26 @@ def rank_one_raises(config: dict, ctx: TrialContext) -> None:
 
 
 rank_one_raises.distributed = True  # type: ignore[attr-defined]
+
+
+def pid_logged_quadratic(config: dict, ctx: TrialContext) -> None:
+    """:func:`quadratic` that, before each epoch, appends ``pid trial epoch`` to
+    $ELASTUNE_TEST_PIDS and then takes $ELASTUNE_TEST_EPOCH_SECONDS (default 1): a test can
+    find the process training a segment and kill it mid-segment."""
+
+    def log(epoch: int) -> None:
+        with open(os.environ["ELASTUNE_TEST_PIDS"], "a") as out:
+            out.write(f"{os.getpid()} {ctx.trial} {epoch}\n")
+        time.sleep(float(os.environ.get("ELASTUNE_TEST_EPOCH_SECONDS", "1")))
+
+    quadratic(config, ctx, log)
+
+
+def lingering_quadratic(config: dict, ctx: TrialContext) -> None:
+    """:func:`quadratic` that, after its last checkpoint, appends ``pid trial stop`` to
+    $ELASTUNE_TEST_PIDS and lingers $ELASTUNE_TEST_LINGER_SECONDS (say, exporting a model):
+    a test can kill it once the segment's training is saved but before its report is."""
+    quadratic(config, ctx)
+    with open(os.environ["ELASTUNE_TEST_PIDS"], "a") as out:
+        out.write(f"{os.getpid()} {ctx.trial} {ctx.stop:g}\n")
+    time.sleep(float(os.environ.get("ELASTUNE_TEST_LINGER_SECONDS", "0")))
