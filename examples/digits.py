@@ -63,6 +63,9 @@ def train(config: dict, ctx: TrialContext) -> None:
     start = ctx.restore(model=model, optimizer=optimizer)
     parallel = ctx.wrap(model)
     for epoch in ctx.range(start):
+        # Dropout draws seeded per (trial, epoch): a trial resumed mid-way trains exactly as
+        # one that never stopped.
+        torch.manual_seed(1000 * ctx.trial + epoch)
         parallel.train()
         for step in range((epoch - 1) * len(batches), epoch * len(batches)):
             idx = batches.batch(step).to(ctx.device)

@@ -129,6 +129,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.gantt:
         from planners.cost.gantt import draw_gantt
 
+        folder = os.path.dirname(os.path.abspath(args.gantt))
+        if not os.path.isdir(folder):
+            raise UsageError(f"--gantt {args.gantt}: folder {folder} does not exist")
+
         draw_gantt(report, args.gantt)
     _emit(report.to_dict(), args.json, lambda _: _print_plan(report))
     report.check()  # an infeasible deadline or budget is bad input: exit 2, naming it

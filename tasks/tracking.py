@@ -19,6 +19,7 @@ from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.exceptions import MlflowException
 
 CHECKPOINTS = "checkpoints"
 
@@ -73,10 +74,17 @@ class Tracker:
                 if self.uri.startswith("sqlite:///"):
                     db = Path(self.uri.removeprefix("sqlite:///"))
                     location = (db.parent / "artifacts").as_uri()
-                self._experiment_id = self.client.create_experiment(
-                    self.experiment, artifact_location=location
-                )
-                self.created_experiment = True
+                try:
+                    self._experiment_id = self.client.create_experiment(
+                        self.experiment, artifact_location=location
+                    )
+                    self.created_experiment = True
+                except MlflowException as exc:  # another job created it a moment ago
+                    if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                        raise
+                    self._experiment_id = self.client.get_experiment_by_name(
+                        self.experiment
+                    ).experiment_id
         return self._experiment_id
 
     # --- runs ----------------------------------------------------------------------------

@@ -283,12 +283,6 @@ def test_bad_flag(why, argv, field, tmp_path, stores, capsys) -> None:
     assert_rejected(capsys, main([*argv, *extra]), field, tmp_path)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: `plan --gantt` into a folder that does not exist ends in a FileNotFoundError "
-    "traceback from matplotlib's savefig with exit 1 (flows/cli.py cmd_plan calls draw_gantt "
-    "unguarded); it should exit 2 naming --gantt",
-)
 def test_plan_gantt_into_a_missing_folder(tmp_path, stores, capsys) -> None:
     job = write(tmp_path, "job.yaml", PLANNED)
     code = main(["plan", job, "--gantt", str(tmp_path / "no" / "such" / "gantt.png"), *stores])

@@ -155,13 +155,6 @@ def test_two_jobs_create_a_fresh_mlflow_store_at_once(tmp_path) -> None:
     assert [p.returncode for p in processes] == [0, 0], errors
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: Tracker.experiment_id looks the experiment up and creates it when missing; "
-    "when another job creates it in between (two jobs of the same name started together), "
-    "create_experiment raises RESOURCE_ALREADY_EXISTS and the job fails instead of using "
-    "the experiment the other job made (seen in 1 of 3 runs of two jobs on one store)",
-)
 def test_experiment_created_by_another_job_in_between(tmp_path, monkeypatch) -> None:
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     made = MlflowClient(uri).create_experiment("shared")
