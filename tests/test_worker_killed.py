@@ -150,16 +150,6 @@ run_segment(JobRef(**job), Segment(**segment), {"x": 0.5}, run_id)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a segment whose process dies after its last checkpoint but before its report "
-    "is saved is retried from that checkpoint, already at the segment's stop: the trainable "
-    "trains and reports nothing and run_segment (tasks/train.py) returns a failed Result "
-    "with no metrics. In a job (checked in work-pool mode, launch-segment's retry) this was "
-    "the job's first result, so flows/tune.py Job.record raised MetricNotReported: exit 2 "
-    "and the job's MLflow runs and Optuna study were purged as bad input; later in a job the "
-    "trial is marked FAIL though its training finished. A resumed driver re-runs it alike",
-)
 def test_segment_killed_after_its_last_checkpoint_reports_when_retried(
     tmp_path, monkeypatch
 ) -> None:
