@@ -3,9 +3,9 @@ mid-segment, the segment is retried from the trial's last checkpoint and the job
 
 A real `prefect server` and `prefect worker --type process`: each segment is a flow run in a
 subprocess of the worker, which is the process killed here, as a preempted instance would be.
-Two more kills, each at a moment of its own, are known bugs (``xfail(strict=True)``): a
-segment killed after its last checkpoint but before its report, and a driver killed while a
-segment runs on the pool.
+A segment killed after its last checkpoint but before its report is retried and recovers
+its metrics from MLflow. A driver killed while a segment runs on the pool is a known bug
+(``xfail(strict=True)``).
 """
 
 from __future__ import annotations
