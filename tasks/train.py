@@ -339,15 +339,17 @@ def run_segment(
             job, segment, config, run_id, trainable, tracker, device, gpu_ids
         )
     seconds = time.perf_counter() - began
-    if not reports and error is None and resource >= segment.stop:
-        # This segment finished before a crash lost its report: it checkpointed at (or past)
-        # its stop, so it trained nothing now (it resumed at ``resource``). Its metrics are
-        # in MLflow already.
-        reports = [
+    first = min((r for r, _ in reports), default=resource + 1)
+    if first > segment.start + 1:
+        # This segment was under way (or even finished) before a crash: it resumed from a
+        # checkpoint past its start, so the epochs before that were reported by the run that
+        # died. Their metrics are in MLflow already; the report must hold them too.
+        earlier = [
             (float(step), {job.metric: value})
             for step, value in sorted(tracker.metric_history(run_id, job.metric))
-            if segment.start < step <= resource
+            if segment.start < step < first and step <= resource
         ]
+        reports = earlier + list(reports)
     history = tuple((r, job.loss(m[job.metric])) for r, m in reports if job.metric in m)
     seen = tuple(sorted({k for _, metrics in reports for k in metrics}))
     if error is None and history and not math.isfinite(history[-1][1]):

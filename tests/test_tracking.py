@@ -61,3 +61,21 @@ def test_a_segment_whose_report_was_lost_is_recovered_not_failed(tmp_path: Path)
     assert not again.result.failed
     assert again.result.loss == first.result.loss and again.result.resource == 2
     assert again.result.history == first.result.history
+
+
+def test_a_segment_resumed_mid_way_reports_the_epochs_before_the_crash(tmp_path: Path) -> None:
+    from planners.schedulers.base import Segment
+    from tasks.train import JobRef, run_segment
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    job = JobRef("job", "tests.trainables:quadratic", "val_accuracy", "max", 9, uri, "ckpt")
+    tracker = Tracker(uri, "ckpt")
+    uninterrupted = run_segment(
+        job, Segment(0, 0, 3, 0), {"x": 0.5}, tracker.start_trial("job", "p", 0, {"x": 0.5})
+    )
+    run_id = tracker.start_trial("job", "p", 1, {"x": 0.5})
+    run_segment(job, Segment(1, 0, 1, 0), {"x": 0.5}, run_id)  # died after epoch 1's checkpoint
+    retried = run_segment(job, Segment(1, 0, 3, 0), {"x": 0.5}, run_id)  # the retry: 0 -> 3
+    assert [r for r, _ in retried.result.history] == [1, 2]
+    assert retried.result.history == uninterrupted.result.history
+    assert retried.result.loss == uninterrupted.result.loss
