@@ -76,6 +76,6 @@ def test_a_segment_resumed_mid_way_reports_the_epochs_before_the_crash(tmp_path:
     run_id = tracker.start_trial("job", "p", 1, {"x": 0.5})
     run_segment(job, Segment(1, 0, 1, 0), {"x": 0.5}, run_id)  # died after epoch 1's checkpoint
     retried = run_segment(job, Segment(1, 0, 3, 0), {"x": 0.5}, run_id)  # the retry: 0 -> 3
-    assert [r for r, _ in retried.result.history] == [1, 2]
+    assert [r for r, _ in retried.result.history] == [1, 2, 3]
     assert retried.result.history == uninterrupted.result.history
     assert retried.result.loss == uninterrupted.result.loss
