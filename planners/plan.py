@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from planners.geometry import Bracket, floor_log, hyperband_brackets, sha_bracket
-from planners.spec import HyperbandSpec, JobSpec, ShaSpec
+from planners.spec import HyperbandSpec, JobSpec, ShaSpec, SpecError
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,11 @@ def brackets(spec: JobSpec) -> list[Bracket]:
         return [sha_bracket(sha_trials(s), s.min_resource, s.max_resource, s.eta)]
     if isinstance(s, HyperbandSpec):
         return hyperband_brackets(s.min_resource, s.max_resource, s.eta)
-    raise ValueError(f"scheduler {s.name} has no staged plan")
+    # SpecError (a ValueError): `elastune plan` on an asynchronous job is bad input, exit 2.
+    raise SpecError(
+        f"scheduler.name: {s.name} is asynchronous and has no staged plan to price; "
+        "name sha or hyperband to plan a job"
+    )
 
 
 def compile_plan(spec: JobSpec) -> Plan:

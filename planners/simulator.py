@@ -16,7 +16,9 @@ Where configurations come from:
 - a benchmark with a finite ``table`` bypasses the sampler cleanly: the in-memory study gets
   a :class:`TableSampler` that hands trial number ``i`` the ``i``-th row of a permutation
   drawn from the run's seed (without replacement; ``replace=True`` draws rows with
-  replacement). Schedulers with ``max_trials`` are capped at the table's size.
+  replacement). Schedulers with ``max_trials`` are capped at the table's size. The one
+  exception is the model-based ``mf-tpe`` sampler: it chooses among the rows not tried
+  yet (:func:`table_sampler`).
 
 A PBT exploit continues on the curve of its new configuration from the donor's resource: a
 learning-curve benchmark knows configurations and epochs, not inherited weights.
@@ -79,12 +81,14 @@ from optuna.study import StudyDirection
 
 from planners.explore import draw
 from planners.loop import TuningLoop
+from planners.mftpe import MultiFidelityTpeSampler
 from planners.packing import Assignments, DynamicFluid, Packer, Profile, StaticFluid, Work
 from planners.schedulers import make_scheduler
 from planners.schedulers.base import Result, Scheduler, Segment
 from planners.space import distributions, make_sampler
 from planners.spec import (
     AshaSpec,
+    BloomSpec,
     FifoSpec,
     HyperbandSpec,
     JobSpec,
@@ -215,7 +219,7 @@ def _study(
     rows = RowDraw(len(table), seed, replace) if table is not None else None
     if sampler is not None or use_optuna:
         if sampler is None:
-            sampler = TableSampler(table, rows) if rows else make_sampler(spec, seed)
+            sampler = table_sampler(spec, table, rows, seed) if rows else make_sampler(spec, seed)
         return optuna.create_study(direction=direction, sampler=sampler)
     if rows is not None:
         names = list(spec.space)
@@ -227,6 +231,19 @@ def _study(
         return _LightStudy(direction, row)
     space, rng = distributions(spec), np.random.default_rng(seed)
     return _LightStudy(direction, lambda n: {k: draw(d, rng) for k, d in space.items()})
+
+
+def table_sampler(
+    spec: JobSpec, table: Sequence[Mapping[str, Any]], rows: RowDraw, seed: int
+) -> optuna.samplers.BaseSampler:
+    """Where a table's rows come from: the seeded permutation (:class:`TableSampler`); for
+    the ``mf-tpe`` sampler (rows drawn without replacement), the model's choice among the
+    rows not tried yet. It scores rows by their hyperparameters only; the curves of rows
+    not tried are never read, so it learns what random search would see."""
+    if spec.sampler.name == "mf-tpe" and not rows.replace:
+        options = {k: v for k, v in spec.sampler.options.items() if k != "candidates"}
+        return MultiFidelityTpeSampler(seed=seed, candidates=table, **options)
+    return TableSampler(table, rows)
 
 
 def fit_to_table(spec: JobSpec, size: int) -> JobSpec:
@@ -243,7 +260,7 @@ def fit_to_table(spec: JobSpec, size: int) -> JobSpec:
                 f"scheduler.max_trials: {s.max_trials} exceeds the table's {size} configurations"
             )
         return spec
-    if isinstance(s, AshaSpec | FifoSpec | MedianSpec) and (
+    if isinstance(s, AshaSpec | BloomSpec | FifoSpec | MedianSpec) and (
         s.max_trials is None or s.max_trials > size
     ):
         return spec.model_copy(update={"scheduler": s.model_copy(update={"max_trials": size})})

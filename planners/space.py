@@ -23,9 +23,11 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from planners.mftpe import MultiFidelityTpeSampler
 from planners.spec import CategoricalParam, FloatParam, JobSpec, SpecError
 
 _SAMPLERS: dict[str, type[optuna.samplers.BaseSampler]] = {
+    "mf-tpe": MultiFidelityTpeSampler,
     "tpe": optuna.samplers.TPESampler,
     "random": optuna.samplers.RandomSampler,
     "cmaes": optuna.samplers.CmaEsSampler,

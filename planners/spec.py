@@ -8,8 +8,8 @@ Example:
     ...     "name": "demo", "trainable": "examples.digits:train", "metric": "val_accuracy",
     ...     "space": {"lr": {"type": "float", "low": 1e-4, "high": 0.3, "log": True}},
     ... })
-    >>> spec.scheduler.name, spec.scheduler.eta, spec.mode
-    ('sha', 3, 'max')
+    >>> spec.scheduler.name, spec.sampler.name, spec.scheduler.eta, spec.mode
+    ('bloom', 'mf-tpe', 3, 'max')
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ Param = Annotated[FloatParam | IntParam | CategoricalParam, Field(discriminator=
 
 # --- sampler and scheduler ----------------------------------------------------------------
 
-SAMPLERS = ("tpe", "random", "cmaes", "gp", "qmc", "grid")
+SAMPLERS = ("mf-tpe", "tpe", "random", "cmaes", "gp", "qmc", "grid")
 
 
 class SamplerSpec(BaseModel):
@@ -108,7 +108,8 @@ class SamplerSpec(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    name: Literal[SAMPLERS] = "tpe"  # type: ignore[valid-type]
+    # mf-tpe (planners/mftpe.py): TPE that learns from every rung, paired with bloom.
+    name: Literal[SAMPLERS] = "mf-tpe"  # type: ignore[valid-type]
     seed: int | None = 0
 
     @property
@@ -237,8 +238,39 @@ class PbtSpec(_Strict):
         return interval
 
 
+class BloomSpec(_Ladder):
+    """elastune's default: promotion-type ASHA with a late first cut (``promotions`` cuts at
+    most: rungs at R/9, R/3, R by default), curve-aware ranking and revival of paused
+    trials when the pool runs dry (``planners/schedulers/bloom.py``). Paired with the
+    ``mf-tpe`` sampler it beat random search, ASHA, Optuna's SuccessiveHalvingPruner and
+    synchronous SHA on LCBench (benchmarks/results/lcbench_default.md)."""
+
+    name: Literal["bloom"] = "bloom"
+    max_trials: int | None = Field(default=81, ge=1)
+    promotions: int = Field(default=2, ge=0)
+    brackets: int = Field(default=1, ge=1)
+    slope_weight: float = Field(default=0.25, ge=0, allow_inf_nan=False)
+    revive: bool = True
+
+    @field_validator("brackets")
+    @classmethod
+    def _brackets(cls, value: int, info: ValidationInfo) -> int:
+        eta, low, high = (info.data.get(k) for k in ("eta", "min_resource", "max_resource"))
+        promotions = info.data.get("promotions")
+        if None in (eta, low, high, promotions):
+            return value  # an invalid field before this one is reported instead
+        cuts = min(promotions, floor_log(high / low, eta))
+        if value > cuts + 1:
+            raise ValueError(
+                f"{value} brackets but a trial can be cut at most {cuts} times here "
+                f"(promotions={promotions}, ladder {low:g}..{high:g} at eta={eta}), "
+                f"so at most {cuts + 1} brackets"
+            )
+        return value
+
+
 SchedulerSpec = Annotated[
-    ShaSpec | HyperbandSpec | AshaSpec | FifoSpec | MedianSpec | PbtSpec,
+    ShaSpec | HyperbandSpec | AshaSpec | FifoSpec | MedianSpec | PbtSpec | BloomSpec,
     Field(discriminator="name"),
 ]
 
@@ -360,11 +392,19 @@ class JobSpec(_Strict):
     mode: Literal["min", "max"] = "max"
     space: dict[str, Param] = Field(min_length=1)
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
-    scheduler: SchedulerSpec = Field(default_factory=ShaSpec)
+    scheduler: SchedulerSpec = Field(default_factory=BloomSpec)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     compute: ComputeSpec = Field(default_factory=ComputeSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     profile: ProfileSpec | None = None
+
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _default_scheduler(cls, value: Any) -> Any:
+        # A scheduler section without a name sets options of the default scheduler.
+        if isinstance(value, dict) and "name" not in value:
+            return {"name": BloomSpec.model_fields["name"].default, **value}
+        return value
 
     @property
     def experiment(self) -> str:
@@ -382,7 +422,7 @@ def _format_error(error: ValidationError, source: str) -> str:
     first = error.errors()[0]
     # Drop pydantic's union tags ("float", "sha") so the path reads like the YAML.
     tags = {"float", "int", "categorical", "sha", "hyperband", "function-after"}
-    tags |= {"asha", "random", "fifo", "median", "pbt"}
+    tags |= {"asha", "random", "fifo", "median", "pbt", "bloom"}
     path = ".".join(str(p) for p in first["loc"] if str(p) not in tags) or "<root>"
     message = first["msg"].removeprefix("Value error, ")
     return f"{source}: {path}: {message}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from planners.plan import brackets
 from planners.schedulers.asha import Asha
 from planners.schedulers.base import Action, Decision, Result, Scheduler, Segment
+from planners.schedulers.bloom import Bloom
 from planners.schedulers.fifo import Fifo
 from planners.schedulers.hyperband import Hyperband
 from planners.schedulers.median import MedianStopping
@@ -13,6 +14,7 @@ from planners.schedulers.sha import SuccessiveHalving
 from planners.space import distributions
 from planners.spec import (
     AshaSpec,
+    BloomSpec,
     FifoSpec,
     HyperbandSpec,
     JobSpec,
@@ -39,6 +41,18 @@ def make_scheduler(spec: JobSpec, seed: int = 0) -> Scheduler:
             max_trials=s.max_trials,
             brackets=s.brackets,
             bootstrap_count=s.bootstrap_count,
+            seed=seed,
+        )
+    if isinstance(s, BloomSpec):
+        return Bloom(
+            s.min_resource,
+            s.max_resource,
+            s.eta,
+            max_trials=s.max_trials,
+            promotions=s.promotions,
+            brackets=s.brackets,
+            slope_weight=s.slope_weight,
+            revive=s.revive,
             seed=seed,
         )
     if isinstance(s, FifoSpec):
