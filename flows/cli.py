@@ -112,7 +112,9 @@ def _finish(job_id: str, run: Callable[[], dict[str, Any]], as_json: bool) -> in
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from flows.tune import resume
+    from tasks.tracking import check_storage
 
+    check_storage(args.storage, "--storage")
     print(f"job {args.job_id}", file=sys.stderr, flush=True)
     return _finish(args.job_id, lambda: resume(args.job_id, args.storage), args.json)
 

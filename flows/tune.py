@@ -40,7 +40,15 @@ from planners.schedulers.base import Action, Decision, Segment, rank_key
 from planners.space import make_sampler
 from planners.spec import JobSpec, SpecError, load_job, parse_job
 from tasks.context import TrialContext
-from tasks.tracking import Tracker, flatten, local_uri
+from tasks.tracking import (
+    Tracker,
+    check_storage,
+    check_tracking_uri,
+    first_use,
+    flatten,
+    local_uri,
+    sqlite_path,
+)
 from tasks.train import (
     JobRef,
     SegmentReport,
@@ -114,13 +122,17 @@ class Job:
         pool: PoolTarget | None,
         warm_start: list[dict[str, Any]],
     ) -> Job:
+        check_tracking_uri(spec.tracking.mlflow_uri, "tracking.mlflow_uri")
+        check_storage(spec.tracking.optuna_storage, "tracking.optuna_storage")
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
-        study = optuna.create_study(
-            study_name=job_id,
-            storage=local_uri(spec.tracking.optuna_storage),
-            direction="maximize" if spec.mode == "max" else "minimize",
-            sampler=make_sampler(spec),
-        )
+        storage = local_uri(spec.tracking.optuna_storage)
+        with first_use(storage):
+            study = optuna.create_study(
+                study_name=job_id,
+                storage=storage,
+                direction="maximize" if spec.mode == "max" else "minimize",
+                sampler=make_sampler(spec),
+            )
         parent = tracker.start_job(
             job_id,
             flatten(spec.model_dump(mode="json")),
@@ -137,6 +149,10 @@ class Job:
     @classmethod
     def resume(cls, job_id: str, storage: str) -> Job:
         """Rebuild a job from its study: replay the journal, then carry on."""
+        check_storage(storage, "storage")
+        database = sqlite_path(local_uri(storage))
+        if database is not None and not database.exists():  # load_study would create it
+            raise SpecError(f"job id: no job {job_id!r} in {storage} (no such database)")
         try:
             study = optuna.load_study(study_name=job_id, storage=local_uri(storage))
         except KeyError:

@@ -14,25 +14,86 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy
+from filelock import FileLock
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 from mlflow.exceptions import MlflowException
+from mlflow.utils.uri import extract_db_type_from_uri
+
+from planners.spec import SpecError
 
 CHECKPOINTS = "checkpoints"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI; None for other stores."""
+    prefix = "sqlite:///"
+    return Path(uri.removeprefix(prefix)) if uri.startswith(prefix) else None
 
 
 def local_uri(uri: str) -> str:
     """Make a relative ``sqlite:///path`` absolute (and its folder exist), so that every
     worker process resolves the same file whatever its working directory."""
-    prefix = "sqlite:///"
-    if not uri.startswith(prefix) or uri.startswith(prefix + "/"):
+    path = sqlite_path(uri)
+    if path is None or path.is_absolute():
         return uri
-    path = Path(uri.removeprefix(prefix)).resolve()
+    path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
-    return prefix + str(path)
+    return f"sqlite:///{path}"
+
+
+def check_storage(uri: str, field: str) -> None:
+    """Bad input unless ``uri`` is a database URL Optuna can open: found before the job
+    creates anything, so that a typo never leaves half a job in the other store."""
+    try:
+        url = sqlalchemy.engine.make_url(uri)
+        url.get_dialect()
+    except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError):
+        raise SpecError(
+            f"{field}: {uri!r} is not a database URL (e.g. sqlite:///.elastune/optuna.db)"
+        ) from None
+    _check_folder(uri, field)
+
+
+def check_tracking_uri(uri: str, field: str) -> None:
+    """Bad input unless ``uri`` names an MLflow tracking server or database (MLflow refuses
+    plain folders, its file store being in maintenance mode)."""
+    if uri.startswith(("http://", "https://", "databricks")):
+        return
+    try:
+        extract_db_type_from_uri(uri)
+    except MlflowException:
+        raise SpecError(
+            f"{field}: {uri!r} is neither a tracking server (http://...) nor a database URI "
+            "(e.g. sqlite:///.elastune/mlflow.db)"
+        ) from None
+    _check_folder(uri, field)
+
+
+def _check_folder(uri: str, field: str) -> None:
+    # A relative SQLite path gets its folder made (local_uri); an absolute one in a folder
+    # that does not exist is a typo.
+    path = sqlite_path(uri)
+    if path is not None and path.is_absolute() and not path.parent.is_dir():
+        raise SpecError(f"{field}: folder {path.parent} does not exist")
+
+
+@contextlib.contextmanager
+def first_use(uri: str) -> Iterator[None]:
+    """Hold a lock beside a SQLite database while connecting to it: MLflow and Optuna
+    create (and migrate) the schema on their first connection, and two jobs doing that at
+    once on a new file fail ('table ... already exists')."""
+    path = sqlite_path(uri)
+    if path is None:
+        yield
+        return
+    with FileLock(f"{path}.lock"):
+        yield
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -58,7 +119,8 @@ class Tracker:
 
     def __init__(self, uri: str, experiment: str):
         self.uri = local_uri(uri)
-        self.client = MlflowClient(self.uri)
+        with first_use(self.uri):  # the client builds (and caches) its store right away
+            self.client = MlflowClient(self.uri)
         self.experiment = experiment
         self._experiment_id: str | None = None
         self.created_experiment = False
@@ -70,10 +132,8 @@ class Tracker:
             if found is not None:
                 self._experiment_id = found.experiment_id
             else:
-                location = None
-                if self.uri.startswith("sqlite:///"):
-                    db = Path(self.uri.removeprefix("sqlite:///"))
-                    location = (db.parent / "artifacts").as_uri()
+                db = sqlite_path(self.uri)
+                location = None if db is None else (db.parent / "artifacts").as_uri()
                 try:
                     self._experiment_id = self.client.create_experiment(
                         self.experiment, artifact_location=location

@@ -2,9 +2,6 @@
 ``plan``, ``simulate`` and ``resume``, and job-file fields that test_bad_input.py does not
 cover. Each case: exit code 2, one line on stderr naming the field or flag, no traceback,
 nothing created in MLflow or Optuna.
-
-Cases marked ``xfail(strict=True)`` are bugs this catalogue found; each reason says what
-happens instead.
 """
 
 from __future__ import annotations
@@ -315,12 +312,6 @@ def test_resume_of_a_study_elastune_did_not_make(tmp_path, capsys) -> None:
 
 
 @needs_prefect
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: `resume` of an unknown job id against a storage whose file does not exist "
-    "creates that file (optuna.load_study in Job.resume builds the schema before it finds "
-    "no study); exit 2 is right, but an Optuna database is left behind",
-)
 def test_resume_unknown_job_creates_no_store(tmp_path, capsys) -> None:
     code = main(["resume", "no-such-job", "--storage", f"sqlite:///{tmp_path}/optuna.db"])
     assert_rejected(without_job_line(capsys), code, "job id", tmp_path)
@@ -333,13 +324,6 @@ BAD_STORAGE = [
 
 
 @needs_prefect
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: `resume --storage` with an unparsable URL (sqlalchemy ArgumentError) or a "
-    "SQLite file in a missing folder (OperationalError) is not bad input: the resume flow "
-    "logs a traceback and the CLI exits 1 with 'job ... failed'; it should exit 2 naming "
-    "--storage",
-)
 @pytest.mark.parametrize(("why", "storage"), BAD_STORAGE, ids=[c[0] for c in BAD_STORAGE])
 def test_resume_bad_storage(why, storage, tmp_path, capsys) -> None:
     code = main(["resume", "some-job", "--storage", storage.format(tmp=tmp_path)])
@@ -353,12 +337,6 @@ BAD_TRACKING = [
 
 
 @needs_prefect
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a tracking URI that MLflow or Optuna cannot open is found only inside the "
-    "tune flow (Job.create): a traceback is logged, the CLI exits 1, and with a bad "
-    "optuna_storage the MLflow database has already been created",
-)
 @pytest.mark.parametrize(
     ("why", "override", "field"), BAD_TRACKING, ids=[c[0] for c in BAD_TRACKING]
 )

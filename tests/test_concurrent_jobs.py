@@ -142,14 +142,6 @@ Tracker(uri, "shared").experiment_id  # what a job's first MLflow call does
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: two jobs started together on an MLflow store that does not exist yet both "
-    "run its schema migrations, and one fails ('duplicate column name: step', 'table "
-    "_alembic_tmp_tags already exists'): that job exits 1. tasks/tracking.py Tracker needs a "
-    "lock around the first connection to a SQLite store. (Optuna's create_all races alike, "
-    "'table studies already exists', but its window is too short to fail every time.)",
-)
 def test_two_jobs_create_a_fresh_mlflow_store_at_once(tmp_path) -> None:
     uri, go = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "go"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
