@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -97,6 +98,44 @@ class Scheduler(ABC):
     def finish(self) -> list[Decision]:
         """The job is over: settle trials still paused. Default: none are."""
         return []
+
+
+class Stopping(Scheduler):
+    """Base of the stopping-type schedulers (ALGORITHMS.md §3.5): every trial trains along
+    the same segment ends ``levels``; after each segment it either continues, its next
+    segment going before any new trial, or stops for good.
+
+    Subclasses validate their own arguments, compute ``levels`` and decide in
+    :meth:`on_result` (through :meth:`_continue` or a STOP/COMPLETE/FAIL decision).
+    """
+
+    def __init__(self, levels: Iterable[float], max_trials: int | None):
+        if max_trials is not None and max_trials < 1:
+            raise ValueError(f"max_trials must be >= 1 or None, got {max_trials}")
+        self.levels = list(levels)
+        self.max_trials = max_trials
+        self._counter = TrialCounter()
+        self._level: dict[int, int] = {}  # trial -> index of the segment it runs
+        self._continuing: deque[int] = deque()
+
+    def next_job(self) -> Segment | None:
+        if self._continuing:
+            trial = self._continuing.popleft()
+            k = self._level[trial] + 1
+        elif self.max_trials is None or self._counter.next_id < self.max_trials:
+            trial, k = self._counter.new(), 0
+            self._started(trial)
+        else:
+            return None
+        self._level[trial] = k
+        return Segment(trial, self.levels[k - 1] if k else 0, self.levels[k], k)
+
+    def _started(self, trial: int) -> None:
+        """A new trial starts (a hook; nothing by default)."""
+
+    def _continue(self, trial: int, k: int) -> list[Decision]:
+        self._continuing.append(trial)
+        return [Decision(trial, Action.PROMOTE, k)]
 
 
 def settle(decisions: Iterable[Decision]) -> dict[int, Action]:

@@ -26,19 +26,16 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
 
 from planners.schedulers.base import (
     Action,
     Decision,
     Result,
-    Scheduler,
-    Segment,
-    TrialCounter,
+    Stopping,
 )
 
 
-class MedianStopping(Scheduler):
+class MedianStopping(Stopping):
     """Median stopping rule with hard stops.
 
     Args:
@@ -72,30 +69,13 @@ class MedianStopping(Scheduler):
             raise ValueError(f"grace_period must be >= 0, got {grace_period}")
         if min_samples_required < 1:
             raise ValueError(f"min_samples_required must be >= 1, got {min_samples_required}")
-        if max_trials is not None and max_trials < 1:
-            raise ValueError(f"max_trials must be >= 1 or None, got {max_trials}")
         count = math.ceil(max_resource / interval - 1e-9)
-        self.levels = [min(max_resource, interval * (k + 1)) for k in range(count)]
+        super().__init__([min(max_resource, interval * (k + 1)) for k in range(count)], max_trials)
         self.grace_period = grace_period
         self.min_samples_required = min_samples_required
-        self.max_trials = max_trials
-        self._counter = TrialCounter()
         self._means: list[list[float]] = [[] for _ in self.levels]  # sorted, per segment end
-        self._level: dict[int, int] = {}  # trial -> index of the segment it runs
         self._window: dict[int, tuple[float, int]] = {}  # trial -> (sum, count) since grace
         self._best: dict[int, float] = {}
-        self._continuing: deque[int] = deque()
-
-    def next_job(self) -> Segment | None:
-        if self._continuing:
-            trial = self._continuing.popleft()
-            k = self._level[trial] + 1
-        elif self.max_trials is None or self._counter.next_id < self.max_trials:
-            trial, k = self._counter.new(), 0
-        else:
-            return None
-        self._level[trial] = k
-        return Segment(trial, self.levels[k - 1] if k else 0, self.levels[k], k)
 
     def on_result(self, result: Result) -> list[Decision]:
         trial, k = result.trial, self._level[result.trial]
@@ -114,8 +94,7 @@ class MedianStopping(Scheduler):
             return [Decision(trial, Action.COMPLETE, k)]
         if stop:
             return [Decision(trial, Action.STOP, k)]
-        self._continuing.append(trial)
-        return [Decision(trial, Action.PROMOTE, k)]
+        return self._continue(trial, k)
 
     def _stops(self, trial: int, k: int) -> bool:
         others = self._means[k]  # running means of the other trials that reached this end

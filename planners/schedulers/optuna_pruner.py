@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 import optuna
@@ -35,13 +34,11 @@ from planners.schedulers.base import (
     Action,
     Decision,
     Result,
-    Scheduler,
-    Segment,
-    TrialCounter,
+    Stopping,
 )
 
 
-class PrunerScheduler(Scheduler):
+class PrunerScheduler(Stopping):
     """Trials train segment by segment; an Optuna pruner stops the ones it would prune.
 
     Args:
@@ -65,33 +62,18 @@ class PrunerScheduler(Scheduler):
     ):
         if max_resource <= 0:
             raise ValueError(f"max_resource must be > 0, got {max_resource}")
-        if max_trials is not None and max_trials < 1:
-            raise ValueError(f"max_trials must be >= 1 or None, got {max_trials}")
         levels = sorted({*(steps or range(1, int(max_resource) + 1)), max_resource})
         if levels[0] <= 0 or levels[-1] > max_resource:
             raise ValueError(f"steps must lie in (0, max_resource={max_resource}], got {steps}")
-        self.levels = levels
-        self.max_trials = max_trials
+        super().__init__(levels, max_trials)
         self._study = optuna.create_study(
             study_name=study_name, direction="minimize", pruner=pruner
         )
-        self._counter = TrialCounter()
         self._trials: dict[int, optuna.Trial] = {}
-        self._level: dict[int, int] = {}
         self._reported: dict[int, set[int]] = {}
-        self._continuing: deque[int] = deque()
 
-    def next_job(self) -> Segment | None:
-        if self._continuing:
-            trial = self._continuing.popleft()
-            k = self._level[trial] + 1
-        elif self.max_trials is None or self._counter.next_id < self.max_trials:
-            trial, k = self._counter.new(), 0
-            self._trials[trial] = self._study.ask()
-        else:
-            return None
-        self._level[trial] = k
-        return Segment(trial, self.levels[k - 1] if k else 0, self.levels[k], k)
+    def _started(self, trial: int) -> None:
+        self._trials[trial] = self._study.ask()
 
     def on_result(self, result: Result) -> list[Decision]:
         trial, k = result.trial, self._level[result.trial]
@@ -110,5 +92,4 @@ class PrunerScheduler(Scheduler):
         if shadow.should_prune():
             self._study.tell(shadow, state=TrialState.PRUNED)
             return [Decision(trial, Action.STOP, k)]
-        self._continuing.append(trial)
-        return [Decision(trial, Action.PROMOTE, k)]
+        return self._continue(trial, k)

@@ -25,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import math
-from collections import deque
 
 import numpy as np
 
@@ -34,13 +33,11 @@ from planners.schedulers.base import (
     Action,
     Decision,
     Result,
-    Scheduler,
-    Segment,
-    TrialCounter,
+    Stopping,
 )
 
 
-class StoppingAsha(Scheduler):
+class StoppingAsha(Stopping):
     """Asynchronous successive halving that stops trials instead of pausing them.
 
     Args:
@@ -64,31 +61,14 @@ class StoppingAsha(Scheduler):
             raise ValueError(
                 f"need 0 < min_resource <= max_resource, got {min_resource} and {max_resource}"
             )
-        if max_trials is not None and max_trials < 1:
-            raise ValueError(f"max_trials must be >= 1 or None, got {max_trials}")
         rungs = [
             min_resource * eta**k
             for k in range(floor_log(max_resource / min_resource, eta) + 1)
             if min_resource * eta**k < max_resource
         ]
-        self.levels = [*rungs, max_resource]  # segment ends; the last is not a rung
+        super().__init__([*rungs, max_resource], max_trials)  # the last end is not a rung
         self.eta = eta
-        self.max_trials = max_trials
         self._recorded: list[list[float]] = [[] for _ in rungs]
-        self._counter = TrialCounter()
-        self._level: dict[int, int] = {}
-        self._continuing: deque[int] = deque()
-
-    def next_job(self) -> Segment | None:
-        if self._continuing:
-            trial = self._continuing.popleft()
-            k = self._level[trial] + 1
-        elif self.max_trials is None or self._counter.next_id < self.max_trials:
-            trial, k = self._counter.new(), 0
-        else:
-            return None
-        self._level[trial] = k
-        return Segment(trial, self.levels[k - 1] if k else 0, self.levels[k], k)
 
     def on_result(self, result: Result) -> list[Decision]:
         trial, k = result.trial, self._level[result.trial]
@@ -105,5 +85,4 @@ class StoppingAsha(Scheduler):
         recorded.append(result.loss if math.isfinite(result.loss) else math.nan)
         if stop:
             return [Decision(trial, Action.STOP, k)]
-        self._continuing.append(trial)
-        return [Decision(trial, Action.PROMOTE, k)]
+        return self._continue(trial, k)
