@@ -2,11 +2,12 @@
 
 A synchronous stage (one rung of one bracket) is the TrialGroup of ALGORITHMS.md §6: the
 scheduler waits for all of its segments. When its first segment asks to start, the stage's
-segments still to run are packed by :class:`planners.packing.StaticFluid` over the GPUs free
-for the stage right now (water-filling widths from the profile's speedup, or the water-level
-allotment where that packs shorter). Its segments then start in turn at the planned widths,
-each as soon as that many GPUs are free: admission counts GPUs, not segments. At the top
-rungs, where fewer trials remain than GPUs, the survivors get the idle GPUs (width > 1).
+segments still to run are packed over the GPUs free for the stage right now: StaticFluid's
+water-filling widths from the profile's speedup, or its water-level allotment, or one width
+for all, whichever packs shortest (:func:`planners.packing.best_rigid`). Its segments then
+start in turn at the planned widths, each as soon as that many GPUs are free: admission
+counts GPUs, not segments. At the top rungs, where fewer trials remain than GPUs, the
+survivors get the idle GPUs (width > 1).
 
 Which GPUs a stage has:
 
@@ -21,15 +22,14 @@ StaticFluid's rule (§6.3), not DynamicFluid's rescaling.
 Every segment of a stage trains the same resource, so the group's heights are equal and the
 widths depend on the speedup alone; measured speeds per trial would not change them.
 
-Example (rung 0: three trials on two GPUs, one at a time each; the top rung's survivor takes
-both GPUs):
+Example (rung 0: four trials on two GPUs, one GPU each; the top rung's survivor takes both):
     >>> from planners.packing import Profile
     >>> from planners.plan import Plan, Stage
-    >>> plan = Plan((Stage(0, 0, 3, 0, 1), Stage(0, 1, 1, 1, 3)), workers=2)
+    >>> plan = Plan((Stage(0, 0, 4, 0, 1), Stage(0, 1, 1, 1, 3)), workers=2)
     >>> packer = StagePacker(plan, Profile({2: 1.8}), gpus=2)
-    >>> rung0 = [Segment(t, 0, 1, rung=0) for t in range(3)]
+    >>> rung0 = [Segment(t, 0, 1, rung=0) for t in range(4)]
     >>> [packer.may_start(s, rung0[:i]) for i, s in enumerate(rung0)]
-    [True, True, False]
+    [True, True, False, False]
     >>> packer.may_start(rung0[2], rung0[1:2]), packer.width(rung0[2])
     (True, 1.0)
     >>> top = Segment(0, 1, 3, rung=1)
@@ -44,34 +44,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from planners.cost.profile import Profile as CostProfile
-from planners.packing import Profile, StaticFluid, Work
+from planners.packing import Profile, StaticFluid, Work, best_rigid
 from planners.plan import Plan, Stage
 from planners.schedulers.base import Segment
 from planners.spec import JobSpec
 
 _EPS = 1e-9
 Key = tuple[int, int, int]  # (bracket, rung, trial): one segment of a synchronous job
-
-
-def fluid_profile(profile: CostProfile) -> Profile | None:
-    """The packer's view of a cost profile: ``S(g) = t(1)/t(g)`` for whole GPU counts and
-    ``sigma(c) = t(1)/t(1/c)`` for ``c`` trials sharing a GPU. None without a timing on one
-    GPU (speeds are relative to it). Sharing timings that claim a trial runs faster when
-    more share its GPU are left out: the packer could not trust them."""
-    if 1.0 not in profile.timings:
-        return None
-    one = profile.timings[1.0].mean
-    speedup = {int(g): one / t.mean for g, t in profile.timings.items() if g > 1 and g.is_integer()}
-    sharing: dict[int, float] = {}
-    previous = 1.0
-    for g, t in sorted(profile.timings.items(), reverse=True):  # 1/2, 1/3, ...: c ascending
-        c = round(1 / g)
-        if g < 1 and math.isclose(g * c, 1.0) and c >= 2:
-            sigma = one / t.mean
-            if not 0 < sigma <= previous:
-                return Profile(speedup)
-            sharing[c] = previous = sigma
-    return Profile(speedup, sharing)
 
 
 @dataclass
@@ -95,7 +74,7 @@ class StagePacker:
 
     Args:
         plan: The staged plan; stages with ``slots`` have their own GPUs.
-        profile: Speed at each width (:func:`fluid_profile`).
+        profile: Speed at each width (``planners.cost.profile.Profile.fluid``).
         gpus: GPUs of the pool shared by stages without ``slots``.
         max_width: Most GPUs one segment may use (e.g. the worker's devices, or 1 for a
             trainable that is not data-parallel); default the widest the profile covers.
@@ -235,7 +214,8 @@ class StagePacker:
         # Equal heights: every segment of a stage trains the same resource.
         count = max(1, stage.trials - started)
         group = [Work(i, stage.stop - stage.start, 1.0) for i in range(count)]
-        order = sorted(packer.pack(group).placements, key=lambda p: (p.start, -p.width, p.trial))
+        schedule = best_rigid(packer, group)
+        order = sorted(schedule.placements, key=lambda p: (p.start, -p.width, p.trial))
         return [p.width for p in order]
 
 
@@ -263,7 +243,7 @@ def stage_packer(
     """
     if plan is None or spec.profile is None:
         return None
-    profile = fluid_profile(CostProfile.from_spec(spec.profile))
+    profile = CostProfile.from_spec(spec.profile).fluid()
     if profile is None:
         return None
     gpus = spec.compute.max_gpus or spec.compute.workers
