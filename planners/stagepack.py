@@ -107,12 +107,6 @@ class StagePacker:
                 f"max_share {self.max_share} is not covered by the profile "
                 f"(sharing measured for {sorted(self.profile.sharing) or 'no counts'})"
             )
-        for stage in self.plan.stages:
-            if stage.slots is not None and stage.slots * stage.gpus_per_trial < 1 - _EPS:
-                raise ValueError(
-                    f"stage {stage.name}: {stage.slots} slots x {stage.gpus_per_trial:g} GPUs "
-                    "is less than one GPU to pack its segments onto"
-                )
 
     # --- what the flow asks ---------------------------------------------------------------
 
@@ -186,7 +180,8 @@ class StagePacker:
         if self._shared:
             return float(self.gpus)
         assert stage.slots is not None
-        return stage.slots * stage.gpus_per_trial
+        # A stage holds at least one GPU (its node), so every segment can start eventually.
+        return max(1.0, stage.slots * stage.gpus_per_trial)
 
     def _used(self, scope: tuple[int, int] | None) -> float:
         return sum(a.width for a in self._admitted.values() if a.scope == scope)

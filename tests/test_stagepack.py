@@ -155,10 +155,13 @@ def test_no_speedup_or_no_data_parallel_trainable_keeps_todays_admission():
     assert stage_packer(one_gpu, plan, distributed=True) is None
 
 
+def test_a_stage_planned_below_one_gpu_still_runs_on_one():
+    plan = Plan((Stage(0, 0, 2, 0, 1, slots=1, gpus_per_trial=0.5),), workers=1)
+    packer = StagePacker(plan, Profile({2: 1.8}, sharing={2: 0.8}), gpus=1)
+    assert admit(packer, segments(plan.stages[0], range(2)), []) == [0.5, 0.5]
+
+
 def test_bad_arguments_name_the_value():
-    plan = Plan((Stage(0, 0, 1, 0, 1, slots=1, gpus_per_trial=0.5),), workers=1)
-    with pytest.raises(ValueError, match="less than one GPU"):
-        StagePacker(plan, Profile(), gpus=1)
     with pytest.raises(ValueError, match="gpus must be an integer >= 1, got 0"):
         StagePacker(Plan((), workers=1), Profile(), gpus=0)
     with pytest.raises(ValueError, match="max_share 3 is not covered"):
