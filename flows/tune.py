@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 import optuna
@@ -34,11 +35,13 @@ from flows.pools import PoolTarget, WorkerLost, launch_segment, open_pool
 from flows.progress import JobProgress
 from infra.sizing import InfraError, publish_sizing
 from planners.cost import plan_job
+from planners.cost.catalog import read_catalog
 from planners.loop import Best, StudyJournal, TuningLoop
 from planners.plan import Plan, Stage, allocate, compile_plan, is_staged
 from planners.schedulers.base import Action, Decision, Segment, rank_key
 from planners.space import make_sampler
 from planners.spec import JobSpec, SpecError, load_job, parse_job
+from planners.stagepack import StagePacker, stage_packer
 from tasks.context import TrialContext
 from tasks.tracking import (
     Tracker,
@@ -56,6 +59,7 @@ from tasks.train import (
     cuda_devices,
     load_trainable,
     report_name,
+    supports_distributed,
     train_segment,
 )
 
@@ -180,7 +184,9 @@ class Job:
             self.tracker.copy_checkpoint(self.runs[segment.clone_from], run_id)
         config = self.loop.configs[segment.trial]
         stage = self.stage_of(segment)
-        if stage is not None:
+        if self.packer is not None:
+            segment = replace(segment, gpus=self.packer.width(segment))
+        elif stage is not None:
             segment = replace(segment, gpus=stage.gpus_per_trial)
         timeout = self.spec.compute.segment_timeout
         if self.pool is None:
@@ -254,9 +260,29 @@ class Job:
             self._active.discard(key)
         return done
 
+    @cached_property
+    def packer(self) -> StagePacker | None:
+        """Fluid for a staged job whose profile gives widths other than 1: each stage's
+        segments are packed onto its GPUs (``planners.stagepack``); None: as planned."""
+        if self.plan is None or self.spec.profile is None:
+            return None
+        local = self.spec.compute.pool == "local"
+        types = {s.instance_type for s in self.plan.stages} - {None}
+        catalog = read_catalog().instance_types if types else {}
+        return stage_packer(
+            self.spec,
+            self.plan,
+            distributed=supports_distributed(load_trainable(self.spec.trainable)),
+            devices=cuda_devices() if local else None,
+            node_gpus={name: t.gpus for name, t in catalog.items()},
+        )
+
     def may_start(self, segment: Segment, running: list[Segment]) -> bool:
-        """A planned job caps each stage at its planned concurrency; otherwise the job
-        runs at most ``compute.workers`` segments at once."""
+        """With a stage packer, segments start when their width's GPUs are free; else a
+        planned job caps each stage at its planned concurrency, and otherwise the job runs
+        at most ``compute.workers`` segments at once."""
+        if self.packer is not None:
+            return self.packer.may_start(segment, running)
         stage = self.stage_of(segment)
         if stage is None or stage.slots is None:
             return len(running) < self.spec.compute.workers
@@ -265,6 +291,8 @@ class Job:
 
     def may_start_any(self, running: list[Segment]) -> bool:
         """Is there room for one more segment of some stage?"""
+        if self.packer is not None:
+            return self.packer.may_start_any(running)
         if self.plan is None or all(stage.slots is None for stage in self.plan.stages):
             return len(running) < self.spec.compute.workers
         return len(running) < sum(stage.slots or 0 for stage in self.plan.stages)
@@ -287,13 +315,15 @@ class Job:
         stages = [self.plan.stage(*key) for key in sorted(self._active)]
         if not stages:  # between stages with nothing to start: keep the pool as it is
             return
-        if any(s.slots is None for s in stages):
+        gpus = max(s.gpus_per_trial for s in stages)
+        if self.packer is not None:  # the stages' GPUs, in units of the narrowest width
+            slots, gpus = self.packer.demand(stages)
+        elif any(s.slots is None for s in stages):
             slots = min(self.spec.compute.workers, sum(s.trials for s in stages))
         else:
             slots = sum(s.slots or 0 for s in stages)
         name = "+".join(s.name for s in stages)
         if name != self._sized:  # every change of the active stages is a sizing action
-            gpus = max(s.gpus_per_trial for s in stages)
             self.pool.backend.size(name, slots, gpus, stages[-1].instance_type)
             self.pool.backend.wait_ready(timeout=600)
             self._sized = name

@@ -749,3 +749,26 @@ def fifo_makespan(group: Sequence[Work], gpus: int) -> float:
         i = min(range(gpus), key=free.__getitem__)
         free[i] += work.seconds
     return max(free) if group else 0.0
+
+
+def best_rigid(packer: StaticFluid, group: Sequence[Work]) -> Schedule:
+    """The shortest of :meth:`StaticFluid.pack` and every uniform width (all of ``group`` at
+    one allowed width, in waves), as predicted on an empty pool of the packer's shape.
+
+    A synchronous stage's segments are equal, and there whole waves at one width can beat
+    the water level, whose prediction ``max(area / M, T)`` ignores that 9 segments on 8 GPUs
+    take two waves. Ties keep StaticFluid's packing.
+
+    Example (9 equal segments on 8 GPUs: StaticFluid's two waves at width 1 take 2 h; at
+    width 4, two run at a time and five waves take 5/3.2 = 1.56 h):
+        >>> packer = StaticFluid(Profile({2: 1.8, 4: 3.2}), gpus=8, gpus_per_node=4)
+        >>> group = [Work(t, 1, 3600.0) for t in range(9)]
+        >>> packer.pack(group).makespan / 3600, round(best_rigid(packer, group).makespan / 3600, 2)
+        (2.0, 1.56)
+    """
+    best = packer.pack(group)
+    for width in packer._placeable():
+        uniform = packer.pack(group, widths={x.trial: float(width) for x in group})
+        if uniform.makespan < best.makespan - _EPS:
+            best = uniform
+    return best

@@ -125,3 +125,26 @@ def test_trace_places_every_segment_on_a_live_node() -> None:
         node = nodes[segment.node]
         assert node.ready <= segment.start < segment.end <= node.released
         assert segment.offset + segment.gpus <= node.gpus
+
+
+def test_packing_gives_the_idle_gpus_of_a_stages_nodes_to_its_trials():
+    # The §5.6 job at 1 GPU per trial on 2, 1 and 1 nodes: the last stage's 2 trials leave
+    # 2 of their node's 4 GPUs idle; packed, they train on 2 GPUs each.
+    chain = tuple(
+        StagePlan(0, k, (GpuTier(n, 1.0, epochs),), "p3.8xlarge", nodes)
+        for k, ((n, epochs), nodes) in enumerate(zip(JOB, (2, 1, 1), strict=True))
+    )
+    plain = Simulator(PER_SECOND, profile(), samples=20)
+    packing = Simulator(PER_SECOND, profile(), samples=20, packing=True)
+    node = PER_SECOND.get("p3.8xlarge")
+    assert [packing.packed(s, node).gpus_label for s in chain] == ["1", "1", "2"]
+    assert plain.packed(chain[2], node) == chain[2]
+    before, after = plain.run(AllocationPlan((chain,))), packing.run(AllocationPlan((chain,)))
+    last = 4 * 720  # the last stage's segments: 4 epochs of 12 min on 1 GPU
+    assert before.jct_q - after.jct_q == pytest.approx(last - last / 1.8)
+    assert after.cost_mean < before.cost_mean  # the node is released sooner
+
+
+def test_packing_needs_the_time_on_one_gpu():
+    with pytest.raises(ValueError, match=r"profile.seconds_per_unit: packing needs the time on 1"):
+        Simulator(PER_SECOND, Profile({2: 400, 4: 225}), packing=True)

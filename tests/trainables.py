@@ -99,3 +99,24 @@ def lingering_quadratic(config: dict, ctx: TrialContext) -> None:
     with open(os.environ["ELASTUNE_TEST_PIDS"], "a") as out:
         out.write(f"{os.getpid()} {ctx.trial} {ctx.stop:g}\n")
     time.sleep(float(os.environ.get("ELASTUNE_TEST_LINGER_SECONDS", "0")))
+
+
+def wide_quadratic(config: dict, ctx: TrialContext) -> None:
+    """:func:`quadratic`, data-parallel in name: it reports the world size it trained at,
+    after an all-reduce that every rank must join (so the ranks really ran together)."""
+    state = torch.nn.Linear(1, 1)
+    with torch.no_grad():
+        state.bias.zero_()
+    start = ctx.restore(model=state)
+    for epoch in ctx.range(start):
+        joined = torch.ones(1)
+        if ctx.distributed:
+            torch.distributed.all_reduce(joined)
+        with torch.no_grad():
+            state.bias += 1.0
+        ceiling = 1 - (config["x"] - 0.7) ** 2
+        ctx.report(val_accuracy=ceiling * (1 - 0.5**epoch), world_size=float(joined.item()))
+        ctx.checkpoint(model=state)
+
+
+wide_quadratic.distributed = True  # type: ignore[attr-defined]

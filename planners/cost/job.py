@@ -78,6 +78,7 @@ def plan_job(
     profile: Profile | None = None,
     samples: int = 200,
     seed: int = 0,
+    packing: bool = False,
 ) -> PlanReport:
     """Plan and price ``spec``; the report says if the deadline or budget cannot be met.
 
@@ -89,13 +90,16 @@ def plan_job(
         profile: Timings; default: the job file's ``profile:`` section.
         samples: Monte Carlo samples per plan.
         seed: Seed of the simulated stragglers and delays.
+        packing: Price every stage as Fluid packs it onto its nodes (the staged flow's
+            stage packer): trials take the widths StaticFluid chooses over the stage's
+            GPUs instead of the plan's GPUs per trial (``Simulator(packing=True)``).
     """
     if planner not in PLANNERS:
         raise SpecError(f"--planner: unknown planner {planner!r} (use rubberband or seer)")
     catalog = catalog if catalog is not None else read_catalog()
     profile = profile if profile is not None else job_profile(spec)
     names = instance_types(spec, catalog, profile)
-    simulator = Simulator(catalog, profile, samples=samples, seed=seed)
+    simulator = Simulator(catalog, profile, samples=samples, seed=seed, packing=packing)
     deadline, budget = spec.budget.deadline, spec.budget.max_cost_usd
     max_gpus = spec.compute.max_gpus
     problems: list[Problem] = []

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planners.cost.catalog import InstanceType
+from planners.packing import Profile as PackingProfile
 from planners.spec import ProfileSpec, SpecError
 
 
@@ -234,3 +235,29 @@ class Profile:
 
     def speedup(self, g: float) -> float:
         return self.timing(1.0).mean / self.timing(g).mean
+
+    def fluid(self) -> PackingProfile | None:
+        """The Fluid packer's view (``planners.packing``): ``S(g) = t(1)/t(g)`` for whole GPU
+        counts, ``sigma(c) = t(1)/t(1/c)`` for ``c`` trials sharing a GPU. None without a
+        timing on one GPU, which speeds are relative to. Sharing timings that claim a trial
+        runs faster when more share its GPU are left out: the packer cannot trust them.
+
+        Example:
+            >>> fluid = Profile({0.5: 1.25, 1: 1.0, 2: 0.625}).fluid()
+            >>> fluid.speedup, fluid.sharing
+            ({1: 1.0, 2: 1.6}, {2: 0.8})
+        """
+        if 1.0 not in self.timings:
+            return None
+        one = self.timings[1.0].mean
+        speedup = {int(g): one / t.mean for g, t in self.timings.items() if g.is_integer()}
+        sharing: dict[int, float] = {}
+        previous = 1.0
+        for g, t in sorted(self.timings.items(), reverse=True):  # 1/2, 1/3, ...: c ascending
+            c = round(1 / g)
+            if g < 1 and c >= 2 and math.isclose(g * c, 1.0):
+                sigma = one / t.mean
+                if not 0 < sigma <= previous:
+                    return PackingProfile(speedup)
+                sharing[c] = previous = sigma
+        return PackingProfile(speedup, sharing)

@@ -62,7 +62,8 @@ from numpy.typing import NDArray
 
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, InstanceType
-from planners.cost.profile import Profile
+from planners.cost.profile import Profile, ProfileError
+from planners.packing import StaticFluid, Work, best_rigid
 from planners.placement import Placement, place
 
 Array = NDArray[np.float64]
@@ -299,6 +300,9 @@ class Simulator:
         samples: Monte Carlo samples per plan.
         seed: Seeds every draw; the same seed gives the same stragglers to every plan.
         quantile: The JCT and cost quantile that plans are judged on (0.95: p95).
+        packing: Run each stage as a Fluid TrialGroup: its trials take the widths
+            StaticFluid packs them at over the stage's GPUs (its nodes), not the plan's
+            GPUs per trial (see :meth:`packed`).
     """
 
     def __init__(
@@ -308,6 +312,7 @@ class Simulator:
         samples: int = 200,
         seed: int = 0,
         quantile: float = 0.95,
+        packing: bool = False,
     ):
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}")
@@ -318,6 +323,12 @@ class Simulator:
         self.samples = samples
         self.seed = seed
         self.quantile = quantile
+        self.fluid = profile.fluid() if packing else None
+        if packing and self.fluid is None:
+            raise ProfileError(
+                "profile.seconds_per_unit: packing needs the time on 1 GPU, which the other "
+                f"widths' speedups are relative to (the profile has {profile.gpu_counts})"
+            )
         self._draws: dict[tuple[int, int, int], Array] = {}
         self._chains: dict[tuple[StagePlan, ...], ChainRun] = {}
         self._layouts: dict[tuple[StagePlan, str], tuple[Placement, Array, Array, Array]] = {}
@@ -572,6 +583,7 @@ class Simulator:
         key = (stage, instance.name)
         layout = self._layouts.get(key)
         if layout is None:
+            stage = self.packed(stage, instance)
             wide = max(stage.sizes)
             if wide > instance.gpus:
                 # The profile times workers that share one node (NVLink/PCIe); a trial
@@ -593,6 +605,38 @@ class Simulator:
             layout = (placement, np.array(mean), np.array(sd), slot_unit)
             self._layouts[key] = layout
         return layout
+
+    def packed(self, stage: StagePlan, instance: InstanceType) -> StagePlan:
+        """With packing, the stage as Fluid runs it (ALGORITHMS.md §6.3): its trials are
+        packed over the stage's ``instances x gpus`` GPUs, each trial's workers on one node
+        (StaticFluid, or one width for all where that is shorter:
+        :func:`planners.packing.best_rigid`), and take those widths; the nodes, and so the
+        bill's shape, stay the plan's. Without packing, or where the widths would need a
+        slot structure that best-fit placement cannot hold, the stage as planned."""
+        if self.fluid is None or any(tier.resource <= 0 for tier in stage.tiers):
+            return stage
+        unit = self.profile.timing(1.0, instance).mean
+        trials = [tier for tier in stage.tiers for _ in range(tier.trials)]
+        packer = StaticFluid(
+            self.fluid,
+            stage.instances * instance.gpus,
+            gpus_per_node=instance.gpus,
+            max_share=max(self.fluid.sharing, default=1),
+        )
+        group = [Work(i, t.resource, unit) for i, t in enumerate(trials)]
+        widths = best_rigid(packer, group).widths
+        tiers = []
+        for index, tier in enumerate(stage.tiers):
+            first = sum(t.trials for t in stage.tiers[:index])
+            mine = sorted((widths[first + i] for i in range(tier.trials)), reverse=True)
+            for width in dict.fromkeys(mine):
+                tiers.append(dataclasses.replace(tier, trials=mine.count(width), gpus=width))
+        packed = stage.replace(tiers=tuple(tiers))
+        try:
+            place(packed.sizes, instance.gpus, stage.instances)
+        except ValueError:  # a width that no slot of the first wave has
+            return stage
+        return packed
 
     @staticmethod
     def _record(
