@@ -255,8 +255,8 @@ def honoured(saved: dict[str, Any], final: list[dict[str, Any]]) -> bool:
 
 
 def interrupted(kill: dict[str, Any], final: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The segments a kill interrupted. A segment is journaled with the result that follows
-    it, so those running at the kill are the first the next driver handed out again."""
+    """The segments a kill interrupted. ``records()`` lists a segment with the result that
+    follows it, so those running at the kill are the first handed out after that result."""
     at = kill["results_journaled_at_kill"]
     after = final[at]["handed_out"] if at < len(final) else []
     newest_at_kill = kill.pop("_checkpoints")

@@ -6,8 +6,9 @@ may promote, pause or stop trials. A synchronous scheduler (SHA, Hyperband) hand
 nothing at a rung's barrier, so the same loop walks its plan stage by stage; an
 asynchronous one (ASHA) keeps every worker busy.
 
-Every result is journaled in the Optuna study as it happens, so ``resume`` rebuilds a job
-whose driver died and carries on, re-running no finished segment.
+Every segment is journaled in the Optuna study when it is handed out, and every result as
+it arrives, so ``resume`` rebuilds a job whose driver died and carries on, re-running no
+finished segment: one that finished after its driver died is recorded from its saved report.
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ class Job:
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
         job = cls(spec, job_id, study, tracker, study.user_attrs[RUN_ATTR], plan_for(spec))
         job.pool = None if spec.compute.pool == "local" else open_pool(spec)
-        for result, note, decisions in job.loop.replay(StudyJournal(study).records()):
+        journal = StudyJournal(study)
+        for result, note, decisions in job.loop.replay(journal.records(), journal.handed_out()):
             job._account(result.trial, note or {}, decisions)
         return job
 
@@ -516,10 +518,12 @@ def drive(job: Job) -> dict[str, Any]:
         description=f"plan of {job_id}",
     )
     running: dict[PrefectFuture[SegmentReport], Segment] = {}
-    # Segments in flight when a driver died: finished ones have their report in MLflow.
+    # Segments in flight when a driver died: finished ones have their report in MLflow. A
+    # segment is journaled before it is submitted, so its trial may have no run yet.
     pending = job.loop.in_flight()
     for segment in list(pending):
-        saved = job.tracker.load_report(job.runs[segment.trial], report_name(segment))
+        run_id = job.runs.get(segment.trial)
+        saved = None if run_id is None else job.tracker.load_report(run_id, report_name(segment))
         if saved is not None:
             pending.remove(segment)
             job.record(segment, SegmentReport.from_dict(saved))

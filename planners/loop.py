@@ -6,13 +6,15 @@ resource as its step, and tells Optuna how each trial ended: COMPLETE when it re
 maximum resource, PRUNED when the scheduler stopped it, FAIL when it failed. The Prefect
 flow and the simulator both drive this one class, so they cannot drift apart.
 
-Durability: with a :class:`Journal`, every result is appended together with the segments
-handed out since the previous one. :meth:`TuningLoop.replay` feeds those records to a
-fresh scheduler, which rebuilds its exact state (rungs, promotions, trials in flight)
-without re-running or re-telling anything; Optuna trials are matched to trial ids through
-their ``elastune.trial`` attribute. With a sampler seed, each trial's configuration is
-drawn by a sampler seeded from (seed, trial id), so a resumed job samples what an
-uninterrupted one would have.
+Durability: with a :class:`Journal`, every segment is appended when it is handed out
+(before the executor submits it) and every result when it is recorded: one record per
+event. :meth:`TuningLoop.replay` feeds those records to a fresh scheduler, which rebuilds
+its exact state (rungs, promotions, trials in flight, including segments handed out after
+the last result) without re-running or re-telling anything; Optuna trials are matched to
+trial ids through their ``elastune.trial`` attribute, and a trial asked but never tagged
+(a driver killed in between) is adopted by the next trial id instead of asked again. With
+a sampler seed, each trial's configuration is drawn by a sampler seeded from
+(seed, trial id), so a resumed job samples what an uninterrupted one would have.
 
 Example:
     >>> import optuna
@@ -56,7 +58,12 @@ class Best:
 
 
 class Journal(Protocol):
-    """Durable, append-only records of a job's results."""
+    """Durable, append-only records of a job's events: ``{"handed_out": [segment]}`` when a
+    segment is handed out, ``{"result": ..., "note": ...}`` when its result is recorded.
+
+    ``records()`` gives the results, each with the segments handed out before it (since
+    the previous result), as :meth:`TuningLoop.replay` takes them.
+    """
 
     def append(self, record: dict[str, Any]) -> None: ...
 
@@ -74,7 +81,7 @@ class TuningLoop:
         study: Where configurations come from and results go; its direction must match
             the job's mode. Trials it already holds (a resumed job) are reused.
         scheduler: Defaults to the one the job file names.
-        journal: Where results are recorded as they happen, for :meth:`replay`.
+        journal: Where segments and results are recorded as they happen, for :meth:`replay`.
     """
 
     def __init__(
@@ -99,18 +106,31 @@ class TuningLoop:
         self._trials: dict[int, optuna.trial.Trial] = {}
         self._reported: dict[int, set[int]] = {}
         self._finished: set[int] = set()
-        self._handed_out: list[Segment] = []  # since the last journal record
         self._in_flight: dict[int, Segment] = {}  # a trial runs one segment at a time
-        self._stored = {
-            t.user_attrs[TRIAL_ATTR]: t
-            for t in study.get_trials(deepcopy=False)
-            if TRIAL_ATTR in t.user_attrs
-        }
+        self._seeded_for: int | None = None  # the trial id the study's sampler is seeded for
+        self._stored: dict[int, optuna.trial.FrozenTrial] = {}
+        # Asked but never tagged with a trial id: a driver died between the two writes.
+        self._orphans: list[optuna.trial.FrozenTrial] = []
+        for t in study.get_trials(deepcopy=False):
+            if TRIAL_ATTR in t.user_attrs:
+                self._stored[t.user_attrs[TRIAL_ATTR]] = t
+            elif t.state is TrialState.RUNNING:
+                self._orphans.append(t)
 
     # --- executor side -------------------------------------------------------------------
 
     def next_segment(self) -> Segment | None:
-        """The next segment to run; samples a configuration for a trial seen for the first time."""
+        """The next segment to run; samples a configuration for a trial seen for the first time.
+
+        The segment is journaled before it is returned, so it is durable before the executor
+        submits it: a resumed driver knows every segment in flight when its predecessor died.
+        """
+        job = self._hand_out()
+        if job is not None and self.journal is not None:
+            self.journal.append({"handed_out": [asdict(job)]})
+        return job
+
+    def _hand_out(self) -> Segment | None:
         job = self.scheduler.next_job()
         if job is None:
             return None
@@ -119,7 +139,6 @@ class TuningLoop:
         if job.config is not None:
             self.configs[job.trial] = dict(job.config)
         self.running += 1
-        self._handed_out.append(job)
         self._in_flight[job.trial] = job
         return job
 
@@ -132,18 +151,35 @@ class TuningLoop:
             if stored.state.is_finished():
                 self._finished.add(trial_id)
         else:
-            seed = self.spec.sampler.seed
-            if seed is not None and self.spec.sampler.name != "qmc":
-                # A sampler per trial, seeded by (seed, trial): sampling does not depend on
-                # how many draws came before, so a resumed job draws the same configurations.
-                # Modulo 2**32: numpy rejects larger seeds (sampler.seed >= 4295 did).
-                trial_seed = (seed * 1_000_003 + trial_id) % 2**32
-                self.study.sampler = make_sampler(self.spec, seed=trial_seed)
-            trial = self.study.ask(self._distributions)
+            self._seed(trial_id)
+            if self._orphans:
+                # Asking again would leave the orphan RUNNING for ever (TPE's constant liar
+                # counts it) and shift every later draw. Its parameters are what the ask drew;
+                # any it had not drawn yet are suggested as study.ask does for a new trial.
+                trial = optuna.trial.Trial(self.study, self._orphans.pop(0)._trial_id)
+                for name, distribution in self._distributions.items():
+                    trial._suggest(name, distribution)
+            else:
+                trial = self.study.ask(self._distributions)
             trial.set_user_attr(TRIAL_ATTR, trial_id)
             params = trial.params
+            # Seeded for the next trial now, not at its ask: whatever asks next (this loop,
+            # or a driver killed before its tag) draws from a sampler fresh and seeded for
+            # that trial, so an orphan holds the configuration the next trial would have.
+            self._seed(trial_id + 1)
         self._trials[trial_id] = trial
         self.configs[trial_id] = dict(params)
+
+    def _seed(self, trial_id: int) -> None:
+        """Give the study a sampler of its own for ``trial_id``, seeded by (seed, trial):
+        sampling does not depend on how many draws came before, so a resumed job draws the
+        same configurations."""
+        seed = self.spec.sampler.seed
+        if seed is None or self.spec.sampler.name == "qmc" or self._seeded_for == trial_id:
+            return
+        # Modulo 2**32: numpy rejects larger seeds (sampler.seed >= 4295 did).
+        self.study.sampler = make_sampler(self.spec, seed=(seed * 1_000_003 + trial_id) % 2**32)
+        self._seeded_for = trial_id
 
     def record(self, result: Result, note: dict[str, Any] | None = None) -> list[Decision]:
         """Feed one finished segment to the scheduler and Optuna; returns the decisions.
@@ -152,14 +188,7 @@ class TuningLoop:
         """
         decisions = self._apply(result)
         if self.journal is not None:
-            self.journal.append(
-                {
-                    "handed_out": [asdict(s) for s in self._handed_out],
-                    "result": asdict(result),
-                    "note": note,
-                }
-            )
-        self._handed_out = []
+            self.journal.append({"result": asdict(result), "note": note})
         return decisions
 
     def _apply(self, result: Result) -> list[Decision]:
@@ -181,20 +210,27 @@ class TuningLoop:
         return decisions
 
     def replay(
-        self, records: list[dict[str, Any]]
+        self, records: list[dict[str, Any]], handed_out: list[dict[str, Any]] | None = None
     ) -> Iterator[tuple[Result, dict[str, Any] | None, list[Decision]]]:
-        """Rebuild the state of a job from its journal, yielding what each record decided."""
+        """Rebuild the state of a job from its journal, yielding what each record decided.
+
+        ``handed_out``: segments journaled after the last result (``StudyJournal.handed_out``);
+        they are handed out again without a result, so :meth:`in_flight` lists them.
+        """
         for record in records:
             for logged in record["handed_out"]:
-                job = self.next_segment()
-                expected = _segment(logged)
-                if job != expected:
-                    raise RuntimeError(
-                        f"replay diverged: scheduler handed out {job}, journal has {expected}"
-                    )
-            self._handed_out = []
+                self._hand_out_again(logged)
             result = _result(record["result"])
-            yield result, record["note"], self._apply(result)
+            yield result, record.get("note"), self._apply(result)
+        for logged in handed_out or ():
+            self._hand_out_again(logged)
+
+    def _hand_out_again(self, logged: dict[str, Any]) -> None:
+        job, expected = self._hand_out(), _segment(logged)
+        if job != expected:
+            raise RuntimeError(
+                f"replay diverged: scheduler handed out {job}, journal has {expected}"
+            )
 
     def optuna_trial(self, trial_id: int) -> optuna.trial.Trial:
         return self._trials[trial_id]
@@ -266,18 +302,41 @@ class StudyJournal:
 
     The study is the one store a job already writes at every result, reachable by any
     driver that can reach its storage, and keyed by the job id; so the journal lives there.
+    Each event is one attribute: one storage write, never a rewrite of earlier ones.
     """
 
     PREFIX = "elastune.journal."
 
     def __init__(self, study: optuna.Study):
         self.study = study
-        self._count = len(self.records())
+        self._count = len(self._events())
 
     def append(self, record: dict[str, Any]) -> None:
         self.study.set_user_attr(f"{self.PREFIX}{self._count:07d}", record)
         self._count += 1
 
     def records(self) -> list[dict[str, Any]]:
+        """The results, each with the segments handed out since the previous one."""
+        return self._fold()[0]
+
+    def handed_out(self) -> list[dict[str, Any]]:
+        """Segments handed out after the last result: in flight when the driver stopped."""
+        return self._fold()[1]
+
+    def _events(self) -> list[dict[str, Any]]:
         attrs = self.study.user_attrs
         return [attrs[k] for k in sorted(attrs) if k.startswith(self.PREFIX)]
+
+    def _fold(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        results: list[dict[str, Any]] = []
+        pending: list[dict[str, Any]] = []
+        # An event may carry both keys: journals written before hand-outs had records of
+        # their own held a result with the segments handed out before it.
+        for event in self._events():
+            pending += event.get("handed_out", [])
+            if "result" in event:
+                results.append(
+                    {"handed_out": pending, "result": event["result"], "note": event.get("note")}
+                )
+                pending = []
+        return results, pending

@@ -9,7 +9,6 @@ same two calls (the first one made, the second not) and resumes from the journal
 from __future__ import annotations
 
 import optuna
-import pytest
 from optuna.trial import TrialState
 
 from planners.loop import StudyJournal, TuningLoop
@@ -42,13 +41,6 @@ def board(study: optuna.Study) -> list:
     return [(t.user_attrs.get("elastune.trial"), t.params, t.state) for t in ordered]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a driver killed between study.ask() and set_user_attr('elastune.trial') in "
-    "planners/loop.py TuningLoop._open leaves a RUNNING Optuna trial no trial id claims; "
-    "the resumed loop asks a new one, so the orphan stays RUNNING for ever (TPE's constant "
-    "liar counts it) and later trials sample other configurations than an uninterrupted run",
-)
 def test_a_trial_asked_but_not_tagged_is_adopted_on_resume() -> None:
     spec = parse_job(JOB)
     clean = optuna.create_study(direction="maximize")

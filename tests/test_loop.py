@@ -1,8 +1,10 @@
+from dataclasses import asdict
+
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from planners.loop import TuningLoop
+from planners.loop import StudyJournal, TuningLoop
 from planners.schedulers.base import Result
 from planners.spec import parse_job
 
@@ -57,3 +59,32 @@ def test_equal_seeds_give_equal_runs() -> None:
 def test_direction_must_match_mode() -> None:
     with pytest.raises(ValueError, match="direction must be maximize"):
         TuningLoop(parse_job(JOB), optuna.create_study(direction="minimize"))
+
+
+def test_segments_handed_out_after_the_last_result_are_in_flight_after_replay() -> None:
+    spec = parse_job(JOB)
+    study = optuna.create_study(direction="maximize")
+    loop = TuningLoop(spec, study, journal=StudyJournal(study))
+    first = loop.next_segment()
+    loop.record(Result(first.trial, first.stop, -0.5 * first.stop))
+    running = [loop.next_segment(), loop.next_segment()]  # the driver dies here
+
+    journal = StudyJournal(study)
+    events = [k for k in study.user_attrs if k.startswith(StudyJournal.PREFIX)]
+    assert len(events) == 4  # one write per hand-out and per result
+    assert [r["handed_out"] for r in journal.records()] == [[asdict(first)]]
+    assert journal.handed_out() == [asdict(s) for s in running]
+
+    resumed = TuningLoop(spec, study, journal=StudyJournal(study))
+    replayed = list(resumed.replay(journal.records(), journal.handed_out()))
+    assert len(replayed) == 1
+    assert resumed.in_flight() == running
+    assert resumed.configs == loop.configs
+    assert len(study.trials) == 3  # nothing asked twice
+
+    # The resumed loop appends after what is there, never over it.
+    done = running[0]
+    resumed.record(Result(done.trial, done.stop, -0.5 * done.stop))
+    records = StudyJournal(study).records()
+    assert [r["handed_out"] for r in records] == [[asdict(first)], [asdict(s) for s in running]]
+    assert StudyJournal(study).handed_out() == []

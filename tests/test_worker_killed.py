@@ -4,8 +4,8 @@ mid-segment, the segment is retried from the trial's last checkpoint and the job
 A real `prefect server` and `prefect worker --type process`: each segment is a flow run in a
 subprocess of the worker, which is the process killed here, as a preempted instance would be.
 A segment killed after its last checkpoint but before its report is retried and recovers
-its metrics from MLflow. A driver killed while a segment runs on the pool is a known bug
-(``xfail(strict=True)``).
+its metrics from MLflow. A driver killed while a segment runs on the pool resumes without
+running that segment again: the resumed driver records the report the segment saved.
 """
 
 from __future__ import annotations
@@ -191,15 +191,6 @@ def test_segment_killed_after_its_last_checkpoint_reports_when_retried(
     assert report.result.resource == 3 and "val_accuracy" in report.metrics_seen
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a segment handed out after the job's last journaled result is not in the "
-    "journal (StudyJournal records handed-out segments only with the next result), so "
-    "Job.resume's in_flight() misses it and flows/tune.py drive never looks for its saved "
-    "report: a segment that finished after its driver died is run again. Here the re-run "
-    "starts at its final checkpoint, reports nothing and, as the job's first result, ends "
-    "the resumed job with MetricNotReported (exit 2) and purges it",
-)
 def test_driver_killed_while_a_pool_segment_runs_resumes_without_rerunning_it(
     prefect_api, tmp_path, stores, worker_log
 ) -> None:
