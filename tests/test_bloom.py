@@ -116,6 +116,29 @@ def test_without_revival_the_idle_worker_waits() -> None:
     assert bloom.next_job() is None
 
 
+def test_while_new_trials_may_start_an_idle_worker_starts_one_instead_of_reviving() -> None:
+    # max_trials None (the LCBench benchmark's setting): revival never acts.
+    bloom = Bloom(1, 9, 3, max_trials=None, promotions=1)  # rungs 3 and 9
+    for _ in range(3):
+        bloom.next_job()
+    bloom.on_result(Result(0, 3, 0.2))
+    bloom.on_result(Result(1, 3, 0.5))
+    job = bloom.next_job()
+    assert (job.trial, job.start, job.stop) == (3, 0, 3)
+
+
+def test_the_slope_at_a_higher_rung_reads_the_previous_rungs_value() -> None:
+    bloom = Bloom(1, 27, 3, max_trials=3, slope_weight=1.0)  # rungs 3, 9, 27
+    for job in [bloom.next_job() for _ in range(3)]:
+        bloom.on_result(Result(job.trial, 3, 0.5 + job.trial / 10))
+    job = bloom.next_job()  # trial 0 to rung 9; its segment reports epochs 4..8
+    history = tuple((e, 0.5) for e in range(4, 9))
+    bloom.on_result(Result(job.trial, 9, 0.2, history=history))
+    # Half of 9 is 4.5: the slope runs from the last report at or below it (epoch 4).
+    expected = 0.2 + (0.2 - 0.5) / math.log(9 / 4) * math.log(27 / 9)
+    assert bloom.brackets[0].rungs[1].keys[job.trial][1] == pytest.approx(expected)
+
+
 def test_a_failed_segment_fails_its_trial_and_never_enters_a_rung() -> None:
     bloom = Bloom(1, 9, 3, max_trials=4, promotions=1)
     jobs = [bloom.next_job() for _ in range(4)]
