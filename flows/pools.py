@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowFilter, WorkPoolFilter
 from prefect.deployments import run_deployment
+from prefect.runtime import task_run
 from prefect.states import Cancelling
 
 from flows.segment import FLOW_NAME, flow_parameters, train_segment_flow
@@ -113,12 +114,16 @@ def launch_segment(
     job_variables: dict[str, Any],
     timeout: float | None = None,
 ) -> SegmentReport:
+    # One flow run per attempt: a driver resumed while its predecessor's segment still runs
+    # on the pool gets that flow run back and waits for it instead of starting a twin.
+    attempt = task_run.run_count
     run = run_deployment(
         deployment,
         parameters=flow_parameters(job, segment, config, run_id),
         job_variables=job_variables,
         poll_interval=1,
         timeout=timeout,
+        idempotency_key=f"{job.job_id}/trial-{segment.trial}/{report_name(segment)}/{attempt}",
     )
     if not run.state or not run.state.is_final():
         # Hung: cancelling makes the worker kill the process, which frees its GPUs.

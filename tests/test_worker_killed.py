@@ -5,7 +5,8 @@ A real `prefect server` and `prefect worker --type process`: each segment is a f
 subprocess of the worker, which is the process killed here, as a preempted instance would be.
 A segment killed after its last checkpoint but before its report is retried and recovers
 its metrics from MLflow. A driver killed while a segment runs on the pool resumes without
-running that segment again: the resumed driver records the report the segment saved.
+running that segment again: the resumed driver records the report the segment saved, or,
+resumed while the segment still trains, waits for that same flow run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -235,3 +237,66 @@ def test_driver_killed_while_a_pool_segment_runs_resumes_without_rerunning_it(
     summary = json.loads(out)
     assert summary["segments"] == 1 and summary["best"] is not None
     assert len(segment_runs()) == 1, "the finished segment ran again"
+
+
+def test_driver_resumed_while_its_pool_segment_still_runs_waits_for_it(
+    prefect_api, tmp_path, stores, worker_log
+) -> None:
+    worker_log.write_text("")
+    hold = Path(f"{worker_log}.hold")
+    hold.touch()  # the segment's process stays in epoch 1 until the file goes
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(JOB))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_api}
+
+    def elastune(*args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", *args, "--json"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    def segment_runs(job_id: str) -> list:
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(flow_filter=FlowFilter(name={"any_": ["train-segment"]}))
+        return [r for r in runs if r.name.startswith(job_id)]
+
+    try:
+        driver = elastune("run", str(path), *stores)
+        job_id = driver.stderr.readline().split()[-1]
+        deadline = time.monotonic() + 240
+        while not lines(worker_log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.communicate()
+
+        # Resumed while the segment still trains: the new driver launches it again...
+        began = datetime.now(UTC)
+        resumed = elastune("resume", job_id, "--storage", f"sqlite:///{tmp_path}/optuna.db")
+        launched, deadline = False, time.monotonic() + 180
+        with get_client(sync_client=True) as client:
+            while not launched and time.monotonic() < deadline:
+                time.sleep(0.2)
+                launched = any(
+                    t.name == "trial-0 0→3" and t.start_time and t.start_time >= began
+                    for t in client.read_task_runs()
+                )
+        if not launched:
+            resumed.kill()
+            raise AssertionError(resumed.communicate()[1][-4000:])
+        time.sleep(3)  # ...and had it created a twin, the worker would have started it by now
+        runs = segment_runs(job_id)
+        assert [r.state_name for r in runs] == ["Running"], "the segment was started twice"
+    finally:
+        hold.unlink()
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["segments"] == 1 and summary["best"] is not None
+    assert [r.state_name for r in segment_runs(job_id)] == ["Completed"]
+    # One process trained it, start to end.
+    assert len({pid for pid, _, _ in lines(worker_log)}) == 1

@@ -80,13 +80,17 @@ rank_one_raises.distributed = True  # type: ignore[attr-defined]
 
 def pid_logged_quadratic(config: dict, ctx: TrialContext) -> None:
     """:func:`quadratic` that, before each epoch, appends ``pid trial epoch`` to
-    $ELASTUNE_TEST_PIDS and then takes $ELASTUNE_TEST_EPOCH_SECONDS (default 1): a test can
-    find the process training a segment and kill it mid-segment."""
+    $ELASTUNE_TEST_PIDS and then takes $ELASTUNE_TEST_EPOCH_SECONDS (default 1), longer while
+    a file ``$ELASTUNE_TEST_PIDS.hold`` exists: a test can find the process training a
+    segment and kill it mid-segment, or hold it there."""
 
     def log(epoch: int) -> None:
-        with open(os.environ["ELASTUNE_TEST_PIDS"], "a") as out:
+        pids = os.environ["ELASTUNE_TEST_PIDS"]
+        with open(pids, "a") as out:
             out.write(f"{os.getpid()} {ctx.trial} {epoch}\n")
         time.sleep(float(os.environ.get("ELASTUNE_TEST_EPOCH_SECONDS", "1")))
+        while os.path.exists(f"{pids}.hold"):
+            time.sleep(0.05)
 
     quadratic(config, ctx, log)
 
