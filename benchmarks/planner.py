@@ -300,32 +300,39 @@ def main() -> None:
         "deadline hit >= 95%": summary["min_deadline_hit_rate"] >= 0.95,
         "planning <= 2 s": summary["max_planning_s"] <= 2.0,
     }
+    publish("planner.json", "cost planner (issue 4)", summary, targets, rows)
+
+
+def publish(
+    name: str,
+    title: str,
+    summary: dict[str, Any],
+    targets: dict[str, bool],
+    rows: list[dict[str, Any]],
+    **extra: Any,
+) -> None:
+    """Print the summary and which targets were met; write everything to results/NAME."""
     print()
     for key, value in summary.items():
         print(f"{key:48} {value}")
     print()
     for key, met in targets.items():
         print(f"{'MET   ' if met else 'MISSED'} {key}")
-
-    out = Path(__file__).parent / "results" / "planner.json"
+    out = Path(__file__).parent / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "benchmark": "cost planner (issue 4)",
-                "python": platform.python_version(),
-                "machine": platform.machine(),
-                "samples": SAMPLES,
-                "fresh_samples": FRESH_SAMPLES,
-                "catalog_prices_read": read_catalog().prices_read,
-                "summary": summary,
-                "targets": targets,
-                "scenarios": rows,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    payload = {
+        "benchmark": title,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "samples": SAMPLES,
+        "fresh_samples": FRESH_SAMPLES,
+        "catalog_prices_read": read_catalog().prices_read,
+        **extra,
+        "summary": summary,
+        "targets": targets,
+        "scenarios": rows,
+    }
+    out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"\nwrote {out}")
 
 
@@ -498,37 +505,17 @@ def main_spot() -> None:
             summary["min_deadline_hit_rate"] >= 0.95
         ),
     }
-    print()
-    for key, value in summary.items():
-        print(f"{key:48} {value}")
-    print()
-    for key, met in targets.items():
-        print(f"{'MET   ' if met else 'MISSED'} {key}")
-
-    out = Path(__file__).parent / "results" / "planner_spot.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "benchmark": "cost planner on spot capacity (issue 7)",
-                "python": platform.python_version(),
-                "machine": platform.machine(),
-                "samples": SAMPLES,
-                "fresh_samples": FRESH_SAMPLES,
-                "catalog_prices_read": read_catalog().prices_read,
-                "markets": {
-                    "aws": "default catalog: its spot discounts and interruption rates",
-                    f"aws-x{STRESS}": f"the same with every interruption rate times {STRESS}",
-                },
-                "summary": summary,
-                "targets": targets,
-                "scenarios": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    publish(
+        "planner_spot.json",
+        "cost planner on spot capacity (issue 7)",
+        summary,
+        targets,
+        rows,
+        markets={
+            "aws": "default catalog: its spot discounts and interruption rates",
+            f"aws-x{STRESS}": f"the same with every interruption rate times {STRESS}",
+        },
     )
-    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":

@@ -193,26 +193,27 @@ def test_segment_killed_after_its_last_checkpoint_reports_when_retried(
     assert report.result.resource == 3 and "val_accuracy" in report.metrics_seen
 
 
+def elastune(api: str, *args: str) -> subprocess.Popen:
+    """The CLI in its own process group (a driver the test can kill), printing JSON."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": api}
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *args, "--json"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def test_driver_killed_while_a_pool_segment_runs_resumes_without_rerunning_it(
     prefect_api, tmp_path, stores, worker_log
 ) -> None:
     worker_log.write_text("")
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(JOB))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_api}
-
-    def elastune(*args: str) -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", *args, "--json"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-
-    driver = elastune("run", str(path), *stores)
+    driver = elastune(prefect_api, "run", str(path), *stores)
     job_id = driver.stderr.readline().split()[-1]
     # The driver dies while the worker's process trains epoch 2 of the only segment.
     deadline = time.monotonic() + 240
@@ -231,7 +232,9 @@ def test_driver_killed_while_a_pool_segment_runs_resumes_without_rerunning_it(
         time.sleep(0.5)
     assert [r.state_name for r in segment_runs()] == ["Completed"]
 
-    resumed = elastune("resume", job_id, "--storage", f"sqlite:///{tmp_path}/optuna.db")
+    resumed = elastune(
+        prefect_api, "resume", job_id, "--storage", f"sqlite:///{tmp_path}/optuna.db"
+    )
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     summary = json.loads(out)
@@ -247,18 +250,6 @@ def test_driver_resumed_while_its_pool_segment_still_runs_waits_for_it(
     hold.touch()  # the segment's process stays in epoch 1 until the file goes
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(JOB))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_api}
-
-    def elastune(*args: str) -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", *args, "--json"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
 
     def segment_runs(job_id: str) -> list:
         with get_client(sync_client=True) as client:
@@ -266,7 +257,7 @@ def test_driver_resumed_while_its_pool_segment_still_runs_waits_for_it(
         return [r for r in runs if r.name.startswith(job_id)]
 
     try:
-        driver = elastune("run", str(path), *stores)
+        driver = elastune(prefect_api, "run", str(path), *stores)
         job_id = driver.stderr.readline().split()[-1]
         deadline = time.monotonic() + 240
         while not lines(worker_log) and time.monotonic() < deadline:
@@ -276,7 +267,9 @@ def test_driver_resumed_while_its_pool_segment_still_runs_waits_for_it(
 
         # Resumed while the segment still trains: the new driver launches it again...
         began = datetime.now(UTC)
-        resumed = elastune("resume", job_id, "--storage", f"sqlite:///{tmp_path}/optuna.db")
+        resumed = elastune(
+            prefect_api, "resume", job_id, "--storage", f"sqlite:///{tmp_path}/optuna.db"
+        )
         launched, deadline = False, time.monotonic() + 180
         with get_client(sync_client=True) as client:
             while not launched and time.monotonic() < deadline:
