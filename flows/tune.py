@@ -110,6 +110,9 @@ class Job:
             for t in study.get_trials(deepcopy=False)
             if RUN_ATTR in t.user_attrs
         }
+        # Trial runs MLflow holds but the study does not name (a driver died in between):
+        # a resumed job takes them up instead of starting a second run per trial.
+        self.untagged_runs: dict[int, str] = {}
         self.rungs: dict[int, int] = {}
         self.errors: dict[int, str] = {}
         self.segments = 0
@@ -145,8 +148,9 @@ class Job:
         )
         for config in warm_start:  # tried first, before the sampler proposes anything
             study.enqueue_trial(config, skip_if_exists=True)
-        study.set_user_attr(SPEC_ATTR, spec.model_dump(mode="json"))
+        # The spec last: a study that has it has everything resume needs.
         study.set_user_attr(RUN_ATTR, parent)
+        study.set_user_attr(SPEC_ATTR, spec.model_dump(mode="json"))
         job = cls(spec, job_id, study, tracker, parent, plan)
         job.pool = pool
         return job
@@ -168,6 +172,11 @@ class Job:
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
         job = cls(spec, job_id, study, tracker, study.user_attrs[RUN_ATTR], plan_for(spec))
         job.pool = None if spec.compute.pool == "local" else open_pool(spec)
+        job.untagged_runs = {
+            trial: run_id
+            for trial, run_id in tracker.trial_runs(job.parent).items()
+            if trial not in job.runs
+        }
         journal = StudyJournal(study)
         for result, note, decisions in job.loop.replay(journal.records(), journal.handed_out()):
             job._account(result.trial, note or {}, decisions)
@@ -178,7 +187,9 @@ class Job:
     def submit(self, segment: Segment) -> PrefectFuture[SegmentReport]:
         if segment.trial not in self.runs:
             config = self.loop.configs[segment.trial]
-            run_id = self.tracker.start_trial(self.job_id, self.parent, segment.trial, config)
+            run_id = self.untagged_runs.pop(segment.trial, None) or self.tracker.start_trial(
+                self.job_id, self.parent, segment.trial, config
+            )
             self.runs[segment.trial] = run_id
             self.loop.optuna_trial(segment.trial).set_user_attr(RUN_ATTR, run_id)
         run_id = self.runs[segment.trial]

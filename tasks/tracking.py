@@ -156,6 +156,16 @@ class Tracker:
         self._log_params(run.info.run_id, params)
         return run.info.run_id
 
+    def trial_runs(self, parent_run_id: str) -> dict[int, str]:
+        """Trial id -> run id of the trial runs under a job's parent run, found by their
+        tags: what a driver killed before storing a run's id elsewhere left behind."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
+            max_results=50_000,
+        )
+        return {int(r.data.tags["elastune.trial"]): r.info.run_id for r in runs}
+
     def start_trial(
         self, job_id: str, parent_run_id: str, trial: int, config: dict[str, Any]
     ) -> str:

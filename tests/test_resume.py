@@ -108,3 +108,50 @@ def test_killed_driver_resumes_without_rerunning_or_losing_anything(tmp_path: Pa
         return [(t.params, t.state, t.value, t.intermediate_values) for t in ranked]
 
     assert board(job_id, storage) == board(clean["job_id"], clean_storage)
+
+
+def test_trial_run_left_untagged_by_a_killed_driver_is_taken_up(
+    prefect_api, tmp_path, monkeypatch
+) -> None:
+    from mlflow import MlflowClient
+
+    from flows.tune import Job, new_job_id, plan_for, resume
+    from planners.spec import parse_job
+
+    monkeypatch.chdir(tmp_path)  # local flow runs: their results stay under tmp_path
+    spec = parse_job(
+        {
+            **JOB,
+            "trainable": "tests.trainables:quadratic",
+            "scheduler": {"name": "random", "max_resource": 2, "max_trials": 2},
+            "tracking": {
+                "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
+            },
+        }
+    )
+    job_id = new_job_id(spec.name)
+    # What a driver killed inside Job.submit leaves: trial 0 handed out (journaled) and its
+    # MLflow run started, but the run's id not yet stored on the Optuna trial.
+    job = Job.create(spec, job_id, plan_for(spec), None, [])
+    segment = job.loop.next_segment()
+    config = job.loop.configs[segment.trial]
+    left = job.tracker.start_trial(job_id, job.parent, segment.trial, config)
+
+    summary = resume(job_id, f"sqlite:///{tmp_path}/optuna.db")
+    assert summary["trials"] == 2 and summary["segments"] == 2
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs(
+        [client.get_experiment_by_name(spec.experiment).experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{job.parent}'",
+    )
+    by_trial = Counter(r.data.tags["elastune.trial"] for r in runs)
+    assert by_trial == {"0": 1, "1": 1}, "a trial got a second MLflow run"
+    (first,) = [r for r in runs if r.data.tags["elastune.trial"] == "0"]
+    assert first.info.run_id == left and first.info.status == "FINISHED"
+    assert "val_accuracy" in first.data.metrics
+    study = optuna.load_study(study_name=job_id, storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert {t.user_attrs["elastune.trial"]: t.user_attrs["mlflow_run_id"] for t in study.trials}[
+        0
+    ] == left
