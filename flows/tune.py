@@ -37,6 +37,7 @@ from flows.progress import JobProgress
 from infra.sizing import InfraError, publish_sizing
 from planners.cost import plan_job
 from planners.cost.catalog import read_catalog
+from planners.devices import LocalDevices
 from planners.loop import Best, StudyJournal, TuningLoop
 from planners.plan import Plan, Stage, allocate, compile_plan, is_staged
 from planners.schedulers.base import Action, Decision, Segment, rank_key
@@ -206,11 +207,23 @@ class Job:
             # Prefect's timeout interrupts a trainable stuck in Python code; one blocked
             # inside a C call ends when the call returns (work-pool mode kills the process).
             train = train_segment.with_options(timeout_seconds=timeout)
-            return train.submit(self.ref, segment, config, run_id)
+            ids = None if self.devices is None else self.devices.take(segment.trial, segment.gpus)
+            return train.submit(self.ref, segment, config, run_id, ids)
         variables = self.pool.job_variables(segment.gpus, stage and stage.instance_type)
         return launch_segment.submit(
             self.pool.deployment, self.ref, segment, config, run_id, variables, timeout
         )
+
+    @cached_property
+    def devices(self) -> LocalDevices | None:
+        """The CUDA devices segments of a local job share out; None on a pool or on CPU."""
+        count = cuda_devices() if self.pool is None else None
+        return None if count is None else LocalDevices(count)
+
+    def ended(self, segment: Segment) -> None:
+        """A submitted segment's task ended (whatever its outcome)."""
+        if self.devices is not None:
+            self.devices.release(segment.trial)
 
     def record(self, segment: Segment, report: SegmentReport) -> list[Decision]:
         if self.spec.metric in report.metrics_seen:
@@ -566,6 +579,7 @@ def drive(job: Job) -> dict[str, Any]:
                     break
                 future = next(as_completed(list(running)))
                 segment = running.pop(future)
+                job.ended(segment)
                 try:
                     report = future.result()
                 except WorkerLost as exc:  # every retry lost its worker

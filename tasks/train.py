@@ -410,6 +410,10 @@ def _train_at_width(
     cache_policy=NO_CACHE,  # training must never be skipped by a cache hit
 )
 def train_segment(
-    job: JobRef, segment: Segment, config: dict[str, Any], run_id: str
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    gpu_ids: Sequence[int] | None = None,
 ) -> SegmentReport:
-    return run_segment(job, segment, config, run_id)
+    return run_segment(job, segment, config, run_id, gpu_ids=gpu_ids)

@@ -1,0 +1,95 @@
+"""Local segments on a machine with several GPUs each train on devices of their own."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+
+import pytest
+import yaml
+
+import flows.tune
+import tasks.train
+from flows.cli import main
+from planners.devices import LocalDevices
+
+
+def test_segments_get_the_least_loaded_devices() -> None:
+    devices = LocalDevices(4)
+    assert devices.take(0, 1.0) == (0,)
+    assert devices.take(1, 2.0) == (1, 2)
+    assert devices.take(2, 1.0) == (3,)
+    devices.release(1)
+    assert devices.take(3, 4.0) == (0, 1, 2, 3)  # as wide as the machine: every device
+    devices.release(3)
+    # Shares spread over the idle devices before they double up.
+    assert [devices.take(t, g) for t, g in [(4, 0.25), (5, 0.25), (6, 0.5), (7, 0.25)]] == [
+        (1,),
+        (2,),
+        (1,),
+        (2,),
+    ]
+    assert devices.load == [1.0, 0.75, 0.5, 1.0]
+
+
+def test_more_segments_than_devices_share_them_evenly() -> None:
+    devices = LocalDevices(2)
+    assert [devices.take(t, 1.0) for t in range(4)] == [(0,), (1,), (0,), (1,)]
+    assert devices.load == [2.0, 2.0]
+    for trial in range(4):
+        devices.release(trial)
+    assert devices.load == [0.0, 0.0]
+
+
+def test_bad_use_is_refused() -> None:
+    with pytest.raises(ValueError, match="count must be >= 1, got 0"):
+        LocalDevices(0)
+    devices = LocalDevices(1)
+    devices.take(3, 1.0)
+    with pytest.raises(ValueError, match=r"trial 3 already holds devices \(0,\)"):
+        devices.take(3, 1.0)
+    with pytest.raises(KeyError):
+        devices.release(4)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_a_local_job_gives_concurrent_segments_different_devices(
+    tmp_path, stores, capsys, monkeypatch
+) -> None:
+    # A machine with two CUDA devices, as the driver sees it; training itself stays on the
+    # CPU here (run_segment ignores device ids without CUDA), so record what it was given.
+    monkeypatch.setattr(flows.tune, "cuda_devices", lambda: 2)
+    monkeypatch.setenv("ELASTUNE_TEST_PIDS", str(tmp_path / "pids.log"))
+    monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.3")
+    calls: list[tuple[float, float, tuple[int, ...]]] = []
+    real = tasks.train.run_segment
+
+    def recording(job, segment, config, run_id, device=None, gpu_ids=None):
+        began = time.monotonic()
+        report = real(job, segment, config, run_id, device, gpu_ids)
+        calls.append((began, time.monotonic(), tuple(gpu_ids)))
+        return report
+
+    monkeypatch.setattr(tasks.train, "run_segment", recording)
+    job = {
+        "name": "two-gpus",
+        "trainable": "tests.trainables:pid_logged_quadratic",
+        "metric": "val_accuracy",
+        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+        "scheduler": {"name": "random", "max_resource": 2, "max_trials": 4},
+        "compute": {"workers": 2},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    code = main(["run", str(path), "--json", *stores])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["segments"] == 4 and len(calls) == 4
+    assert {ids for _, _, ids in calls} == {(0,), (1,)}
+    overlapping = [
+        (a, b) for a, b in itertools.combinations(calls, 2) if a[0] < b[1] and b[0] < a[1]
+    ]
+    assert overlapping, "no two segments ran at once"
+    assert all(a[2] != b[2] for a, b in overlapping)
