@@ -32,6 +32,18 @@ def floor_log(x: float, base: float) -> int:
     return k
 
 
+def ladder_depth(min_resource: float, max_resource: float, eta: float) -> int:
+    """How many times ``eta`` fits between the ends of a rung ladder (Hyperband's
+    ``s_max``), with the arguments checked as a scheduler's constructor does."""
+    if eta < 2:
+        raise ValueError(f"eta must be >= 2, got {eta}")
+    if not 0 < min_resource <= max_resource:
+        raise ValueError(
+            f"need 0 < min_resource <= max_resource, got {min_resource} and {max_resource}"
+        )
+    return floor_log(max_resource / min_resource, eta)
+
+
 def _resource(value: float, integral: bool) -> float:
     return max(1, round(value)) if integral else value
 

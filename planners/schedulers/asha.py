@@ -30,7 +30,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from planners.geometry import floor_log, rung_levels
+from planners.geometry import ladder_depth, rung_levels
 from planners.schedulers.base import (
     Action,
     Decision,
@@ -38,6 +38,7 @@ from planners.schedulers.base import (
     Scheduler,
     Segment,
     TrialCounter,
+    check_max_trials,
 )
 
 # (not finite, loss, arrival): NaN and inf rank last, ties go to the earlier arrival (§3.6.5).
@@ -149,19 +150,12 @@ class Asha(Scheduler):
         bootstrap_count: int = 0,
         seed: int = 0,
     ):
-        if eta < 2:
-            raise ValueError(f"eta must be >= 2, got {eta}")
-        if not 0 < min_resource <= max_resource:
-            raise ValueError(
-                f"need 0 < min_resource <= max_resource, got {min_resource} and {max_resource}"
-            )
-        s_max = floor_log(max_resource / min_resource, eta)
+        s_max = ladder_depth(min_resource, max_resource, eta)
         if not 1 <= brackets <= s_max + 1:
             raise ValueError(
                 f"brackets must lie in 1..{s_max + 1} (one per rung of the ladder), got {brackets}"
             )
-        if max_trials is not None and max_trials < 1:
-            raise ValueError(f"max_trials must be >= 1 or None, got {max_trials}")
+        check_max_trials(max_trials)
         if bootstrap_count < 0:
             raise ValueError(f"bootstrap_count must be >= 0, got {bootstrap_count}")
         self.max_trials = max_trials

@@ -73,6 +73,12 @@ def ranked(losses: Mapping[int, float]) -> list[int]:
     return sorted(losses, key=lambda t: rank_key(losses[t]))
 
 
+def check_max_trials(max_trials: int | None) -> None:
+    """``max_trials`` as every scheduler takes it: a count of configurations, or None."""
+    if max_trials is not None and max_trials < 1:
+        raise ValueError(f"max_trials must be >= 1 or None, got {max_trials}")
+
+
 @dataclass
 class TrialCounter:
     """Hands out trial ids; brackets that share one never reuse an id."""
@@ -110,8 +116,7 @@ class Stopping(Scheduler):
     """
 
     def __init__(self, levels: Iterable[float], max_trials: int | None):
-        if max_trials is not None and max_trials < 1:
-            raise ValueError(f"max_trials must be >= 1 or None, got {max_trials}")
+        check_max_trials(max_trials)
         self.levels = list(levels)
         self.max_trials = max_trials
         self._counter = TrialCounter()

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import random
 
-from planners.geometry import floor_log, rung_levels
+from planners.geometry import ladder_depth, rung_levels
 from planners.schedulers.asha import _Bracket
 from planners.schedulers.base import (
     Action,
@@ -49,6 +49,7 @@ from planners.schedulers.base import (
     Scheduler,
     Segment,
     TrialCounter,
+    check_max_trials,
 )
 
 
@@ -83,17 +84,10 @@ class Bloom(Scheduler):
         revive: bool = True,
         seed: int = 0,
     ):
-        if eta < 2:
-            raise ValueError(f"eta must be >= 2, got {eta}")
-        if not 0 < min_resource <= max_resource:
-            raise ValueError(
-                f"need 0 < min_resource <= max_resource, got {min_resource} and {max_resource}"
-            )
-        if max_trials is not None and max_trials < 1:
-            raise ValueError(f"max_trials must be >= 1 or None, got {max_trials}")
+        s_max = ladder_depth(min_resource, max_resource, eta)
+        check_max_trials(max_trials)
         if promotions < 0:
             raise ValueError(f"promotions must be >= 0, got {promotions}")
-        s_max = floor_log(max_resource / min_resource, eta)
         most = min(promotions, s_max)  # a rung may not sit below min_resource
         if not 1 <= brackets <= most + 1:
             raise ValueError(

@@ -21,6 +21,7 @@ from planners.schedulers.base import (
     Scheduler,
     Segment,
     TrialCounter,
+    check_max_trials,
 )
 
 
@@ -36,8 +37,7 @@ class Fifo(Scheduler):
     def __init__(self, max_resource: float, max_trials: int | None = None):
         if max_resource <= 0:
             raise ValueError(f"max_resource must be > 0, got {max_resource}")
-        if max_trials is not None and max_trials < 1:
-            raise ValueError(f"max_trials must be >= 1 or None, got {max_trials}")
+        check_max_trials(max_trials)
         self.max_resource = max_resource
         self.max_trials = max_trials
         self._counter = TrialCounter()

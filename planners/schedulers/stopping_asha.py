@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from planners.geometry import floor_log
+from planners.geometry import ladder_depth
 from planners.schedulers.base import (
     Action,
     Decision,
@@ -55,16 +55,9 @@ class StoppingAsha(Stopping):
         eta: int = 3,
         max_trials: int | None = None,
     ):
-        if eta < 2:
-            raise ValueError(f"eta must be >= 2, got {eta}")
-        if not 0 < min_resource <= max_resource:
-            raise ValueError(
-                f"need 0 < min_resource <= max_resource, got {min_resource} and {max_resource}"
-            )
+        depth = ladder_depth(min_resource, max_resource, eta)
         rungs = [
-            min_resource * eta**k
-            for k in range(floor_log(max_resource / min_resource, eta) + 1)
-            if min_resource * eta**k < max_resource
+            min_resource * eta**k for k in range(depth + 1) if min_resource * eta**k < max_resource
         ]
         super().__init__([*rungs, max_resource], max_trials)  # the last end is not a rung
         self.eta = eta
