@@ -102,7 +102,8 @@ class Job:
         self.began = time.monotonic()
         self.tracker = tracker
         self.storage = local_uri(spec.tracking.optuna_storage)
-        self.loop = TuningLoop(spec, study, journal=StudyJournal(study))
+        self.journal = StudyJournal(study)
+        self.loop = TuningLoop(spec, study, journal=self.journal)
         self.plan = plan
         self.ref = JobRef.of(spec, job_id, self.tracker.uri)
         self.pool: PoolTarget | None = None
@@ -160,26 +161,27 @@ class Job:
     def resume(cls, job_id: str, storage: str) -> Job:
         """Rebuild a job from its study: replay the journal, then carry on."""
         check_storage(storage, "storage")
-        database = sqlite_path(local_uri(storage))
+        url = local_uri(storage)
+        database = sqlite_path(url)
         if database is not None and not database.exists():  # load_study would create it
             raise SpecError(f"job id: no job {job_id!r} in {storage} (no such database)")
         try:
-            study = optuna.load_study(study_name=job_id, storage=local_uri(storage))
+            study = optuna.load_study(study_name=job_id, storage=url)
         except KeyError:
             raise SpecError(f"job id: no job {job_id!r} in {storage}") from None
-        if SPEC_ATTR not in study.user_attrs:
+        attrs = study.user_attrs  # one read of the storage
+        if SPEC_ATTR not in attrs:
             raise SpecError(f"job id: study {job_id!r} was not made by elastune")
-        spec = parse_job(study.user_attrs[SPEC_ATTR], f"job {job_id}")
+        spec = parse_job(attrs[SPEC_ATTR], f"job {job_id}")
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
-        job = cls(spec, job_id, study, tracker, study.user_attrs[RUN_ATTR], plan_for(spec))
+        job = cls(spec, job_id, study, tracker, attrs[RUN_ATTR], plan_for(spec))
         job.pool = None if spec.compute.pool == "local" else open_pool(spec)
         job.untagged_runs = {
             trial: run_id
             for trial, run_id in tracker.trial_runs(job.parent).items()
             if trial not in job.runs
         }
-        journal = StudyJournal(study)
-        for result, note, decisions in job.loop.replay(journal.records(), journal.handed_out()):
+        for result, note, decisions in job.loop.replay(*job.journal.fold()):
             job._account(result.trial, note or {}, decisions)
         return job
 

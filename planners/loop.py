@@ -317,17 +317,18 @@ class StudyJournal:
 
     def records(self) -> list[dict[str, Any]]:
         """The results, each with the segments handed out since the previous one."""
-        return self._fold()[0]
+        return self.fold()[0]
 
     def handed_out(self) -> list[dict[str, Any]]:
         """Segments handed out after the last result: in flight when the driver stopped."""
-        return self._fold()[1]
+        return self.fold()[1]
 
     def _events(self) -> list[dict[str, Any]]:
         attrs = self.study.user_attrs
         return [attrs[k] for k in sorted(attrs) if k.startswith(self.PREFIX)]
 
-    def _fold(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def fold(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """:meth:`records` and :meth:`handed_out` from one read of the study."""
         results: list[dict[str, Any]] = []
         pending: list[dict[str, Any]] = []
         # An event may carry both keys: journals written before hand-outs had records of
