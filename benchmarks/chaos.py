@@ -49,7 +49,12 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # for annotations; at run time imported where used
+    from mlflow.entities import Run
+
+    from tasks.tracking import Tracker
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -209,8 +214,8 @@ def segment_task_runs(stores: Stores) -> tuple[Counter, int]:
     return completed, zombies
 
 
-def checkpoints(job_id: str, stores: Stores) -> dict[int, float]:
-    """The newest checkpoint (resource) of each trial of the job, as MLflow holds it now."""
+def trial_runs(job_id: str, stores: Stores) -> tuple[Tracker, list[Run]]:
+    """The MLflow tracker of the digits experiment and the job's trial runs in it."""
     from tasks.tracking import Tracker
 
     tracker = Tracker(stores.mlflow, "digits-cnn")
@@ -219,6 +224,12 @@ def checkpoints(job_id: str, stores: Stores) -> dict[int, float]:
         f"tags.`elastune.job_id` = '{job_id}' and tags.`elastune.trial` != ''",
         max_results=1000,
     )
+    return tracker, runs
+
+
+def checkpoints(job_id: str, stores: Stores) -> dict[int, float]:
+    """The newest checkpoint (resource) of each trial of the job, as MLflow holds it now."""
+    tracker, runs = trial_runs(job_id, stores)
     newest = {}
     for run in runs:
         levels = tracker.checkpoints(run.info.run_id)
@@ -229,14 +240,7 @@ def checkpoints(job_id: str, stores: Stores) -> dict[int, float]:
 def saved_reports(job_id: str, stores: Stores) -> dict[tuple[int, str], dict[str, Any]]:
     """Every segment report saved in MLflow (what a finished segment leaves behind), by
     (trial, segment name): the result a resumed driver must use instead of re-running."""
-    from tasks.tracking import Tracker
-
-    tracker = Tracker(stores.mlflow, "digits-cnn")
-    runs = tracker.client.search_runs(
-        [tracker.experiment_id],
-        f"tags.`elastune.job_id` = '{job_id}' and tags.`elastune.trial` != ''",
-        max_results=1000,
-    )
+    tracker, runs = trial_runs(job_id, stores)
     reports = {}
     for run in runs:
         trial = int(run.data.tags["elastune.trial"])
