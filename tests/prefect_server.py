@@ -3,7 +3,8 @@
 The fixture ``prefect_api`` wraps ``infra.server.running_server`` for a whole session and
 points this process's Prefect client at it; import it into a test module or ``conftest.py``
 to share it (``from tests.prefect_server import prefect_api  # noqa: F401``).
-``running_worker`` is re-exported for the tests that start a process worker.
+``running_worker`` is re-exported for the tests that start a process worker;
+``segment_runs`` lists one job's segments on a work pool.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from infra.server import running_server, running_worker
 
-__all__ = ["prefect_api", "running_server", "running_worker"]
+__all__ = ["prefect_api", "running_server", "running_worker", "segment_runs"]
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +26,13 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     home = tmp_path_factory.mktemp("prefect-home")
     with running_server(home) as api, temporary_settings({PREFECT_API_URL: api}):
         yield api
+
+
+def segment_runs(job_id: str) -> list:
+    """The job's ``train-segment`` flow runs (the server is shared by the session's jobs)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_filter=FlowFilter(name={"any_": ["train-segment"]}))
+    return [r for r in runs if r.name.startswith(job_id)]

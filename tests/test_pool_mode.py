@@ -10,11 +10,10 @@ from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
-from prefect.client.schemas.filters import FlowFilter
 
 from flows.cli import main
 from infra.pools import read_pool
-from tests.prefect_server import running_worker
+from tests.prefect_server import running_worker, segment_runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
@@ -52,9 +51,7 @@ def test_segments_run_on_the_pool_and_its_limit_follows_the_plan(
     assert summary["segments"] == 4 and summary["best"] is not None
 
     # Each segment was a flow run of the pool's train-segment deployment.
-    with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_filter=FlowFilter(name={"any_": ["train-segment"]}))
-    ours = [r for r in runs if r.name.startswith(summary["job_id"])]  # the session's server
+    ours = segment_runs(summary["job_id"])
     assert sorted(r.state_name for r in ours) == ["Completed"] * 4
 
     # The pool's limit followed the plan stage by stage: 3 trials at rung 0 but 2 workers,

@@ -28,13 +28,12 @@ import yaml
 from mlflow import MlflowClient
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
-from prefect.client.schemas.filters import FlowFilter
 
 from flows.cli import main
 from planners.schedulers.base import Segment
 from tasks.tracking import Tracker
 from tasks.train import JobRef, report_name, run_segment
-from tests.prefect_server import running_worker
+from tests.prefect_server import running_worker, segment_runs
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,9 +129,8 @@ def test_killed_worker_process_is_retried_from_the_checkpoint(
 
     # Prefect saw it: the killed flow run crashed, and its launch-segment task run retried
     # once and completed.
+    ours = segment_runs(summary["job_id"])
     with get_client(sync_client=True) as prefect:
-        runs = prefect.read_flow_runs(flow_filter=FlowFilter(name={"any_": ["train-segment"]}))
-        ours = [r for r in runs if r.name.startswith(summary["job_id"])]
         # run_deployment records each flow run under a placeholder task run whose parent
         # is the launch-segment task run that called it: one caller for both attempts.
         placeholders = [prefect.read_task_run(r.parent_task_run_id) for r in ours]
@@ -222,15 +220,13 @@ def test_driver_killed_while_a_pool_segment_runs_resumes_without_rerunning_it(
     os.killpg(driver.pid, signal.SIGKILL)
     driver.communicate()
 
-    def segment_runs() -> list:
-        with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(flow_filter=FlowFilter(name={"any_": ["train-segment"]}))
-        return [r for r in runs if r.name.startswith(job_id)]
-
     # The segment goes on without its driver and finishes, saving its report.
-    while time.monotonic() < deadline and [r.state_name for r in segment_runs()] != ["Completed"]:
+    def states() -> list[str]:
+        return [r.state_name for r in segment_runs(job_id)]
+
+    while time.monotonic() < deadline and states() != ["Completed"]:
         time.sleep(0.5)
-    assert [r.state_name for r in segment_runs()] == ["Completed"]
+    assert states() == ["Completed"]
 
     resumed = elastune(
         prefect_api, "resume", job_id, "--storage", f"sqlite:///{tmp_path}/optuna.db"
@@ -239,7 +235,7 @@ def test_driver_killed_while_a_pool_segment_runs_resumes_without_rerunning_it(
     assert resumed.returncode == 0, err
     summary = json.loads(out)
     assert summary["segments"] == 1 and summary["best"] is not None
-    assert len(segment_runs()) == 1, "the finished segment ran again"
+    assert len(segment_runs(job_id)) == 1, "the finished segment ran again"
 
 
 def test_driver_resumed_while_its_pool_segment_still_runs_waits_for_it(
@@ -250,11 +246,6 @@ def test_driver_resumed_while_its_pool_segment_still_runs_waits_for_it(
     hold.touch()  # the segment's process stays in epoch 1 until the file goes
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(JOB))
-
-    def segment_runs(job_id: str) -> list:
-        with get_client(sync_client=True) as client:
-            runs = client.read_flow_runs(flow_filter=FlowFilter(name={"any_": ["train-segment"]}))
-        return [r for r in runs if r.name.startswith(job_id)]
 
     try:
         driver = elastune(prefect_api, "run", str(path), *stores)
