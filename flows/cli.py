@@ -165,7 +165,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from tasks.profile import measure
 
     _quiet_optuna()
-    result = measure(spec, units=args.units)
+    result = measure(spec, units=args.units, shares=args.shares)
     if args.out:
         import yaml
 
@@ -197,6 +197,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     report = simulate_job(spec, args.benchmark, workers, args.seeds, preemption=preemption)
     _emit(report, args.json, lambda r: print(format_report(r)))
     return 0
+
+
+def _shares(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1,0.5,0.25") from None
 
 
 # --- parser -------------------------------------------------------------------------------
@@ -247,6 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("job", help="job file (YAML)")
     prof.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
     prof.add_argument("--units", type=int, default=3, help="resource units per config")
+    prof.add_argument(
+        "--shares",
+        type=_shares,
+        default=(1.0,),
+        metavar="1,0.5,...",
+        help="device shares to time: 1 (a whole device) and 1/k (k trials at once on it)",
+    )
     prof.add_argument("--out", metavar="FILE.yaml", help="write the profile: section there")
     prof.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     prof.set_defaults(handler=cmd_profile)

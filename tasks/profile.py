@@ -9,9 +9,11 @@ outside its units is the per-segment overhead (building, restoring, checkpointin
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,40 +40,84 @@ class _TimedContext(TrialContext):
         super().report(resource, **metrics)
 
 
-def measure(spec: JobSpec, units: int = 3, configs: int = 2) -> dict[str, Any]:
-    """Seconds per resource unit on one device of this machine, with their spread."""
+def measure(
+    spec: JobSpec, units: int = 3, configs: int = 2, shares: tuple[float, ...] = (1.0,)
+) -> dict[str, Any]:
+    """Seconds per resource unit on one device of this machine, with their spread, at each
+    of ``shares``: 1 is a whole device; ``1/k`` is one of ``k`` copies of a configuration
+    training on it at once (threads of this process, as the local pool runs segments)."""
     if units < 2:
         raise SpecError(f"--units must be >= 2 (the first one is warm-up), got {units}")
+    copies = {share: _copies(share) for share in shares}
     trainable = load_trainable(spec.trainable)
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     study = optuna.create_study(sampler=make_sampler(spec))
-    per_unit: list[float] = []
+    per_unit: dict[float, list[float]] = {}
     overheads: list[float] = []
+    trials = itertools.count()
     with tempfile.TemporaryDirectory() as tmp:
         tracker = Tracker(f"sqlite:///{Path(tmp)}/profile.db", "profile")
-        for trial in range(configs):
+        for _ in range(configs):
+            # The same configuration at every share, so that shares compare like with like.
             config = study.ask(distributions(spec)).params
-            run_id = tracker.start_trial("profile", "", trial, config)
-            ctx = _TimedContext(
-                trial=trial,
-                start=0,
-                stop=units,
-                max_resource=spec.scheduler.max_resource,
-                run_id=run_id,
-                tracker=tracker,
-                device=device,
-            )
-            began = time.perf_counter()
-            trainable(config, ctx)
-            seconds = time.perf_counter() - began
-            stamps = [ctx.stamps[r] for r in sorted(ctx.stamps)]
-            if len(stamps) < 2:
-                raise SpecError(
-                    f"trainable: {spec.trainable} reported {len(stamps)} time(s) in {units} "
-                    "units; profile needs one report per unit"
-                )
-            gaps = [b - a for a, b in itertools.pairwise(stamps)]
-            per_unit += gaps
-            overheads.append(max(0.0, seconds - (stamps[-1] - stamps[0]) - statistics.fmean(gaps)))
-    profile = Profile.from_measurements({1.0: per_unit}, overhead_s=statistics.fmean(overheads))
-    return {"device": device, "units": units, "configs": configs, "profile": profile.to_dict()}
+            for share, k in copies.items():
+                jobs = [(next(trials), config) for _ in range(k)]
+                with ThreadPoolExecutor(k) as pool:
+                    timed = list(
+                        pool.map(
+                            lambda job: _timed(spec, trainable, tracker, *job, units, device), jobs
+                        )
+                    )
+                per_unit.setdefault(share, []).extend(g for gaps, _ in timed for g in gaps)
+                if k == 1:
+                    overheads += [overhead for _, overhead in timed]
+    profile = Profile.from_measurements(per_unit, overhead_s=statistics.fmean(overheads or [0.0]))
+    return {
+        "device": device,
+        "units": units,
+        "configs": configs,
+        "shares": list(copies),
+        "profile": profile.to_dict(),
+    }
+
+
+def _copies(share: float) -> int:
+    """Trials per device at ``share``: 1, or k for a share of 1/k."""
+    k = round(1 / share) if share > 0 else 0
+    if not 0 < share <= 1 or not math.isclose(k * share, 1.0):
+        raise SpecError(f"--shares: {share:g} is not 1 or 1/k for a whole k (0.5, 0.25, ...)")
+    return k
+
+
+def _timed(
+    spec: JobSpec,
+    trainable: Any,
+    tracker: Tracker,
+    trial: int,
+    config: dict[str, Any],
+    units: int,
+    device: str,
+) -> tuple[list[float], float]:
+    """Train ``units`` units of ``config``: the seconds of each unit after the first, and
+    the segment's time outside its units (building, restoring, checkpointing)."""
+    run_id = tracker.start_trial("profile", "", trial, config)
+    ctx = _TimedContext(
+        trial=trial,
+        start=0,
+        stop=units,
+        max_resource=spec.scheduler.max_resource,
+        run_id=run_id,
+        tracker=tracker,
+        device=device,
+    )
+    began = time.perf_counter()
+    trainable(config, ctx)
+    seconds = time.perf_counter() - began
+    stamps = [ctx.stamps[r] for r in sorted(ctx.stamps)]
+    if len(stamps) < 2:
+        raise SpecError(
+            f"trainable: {spec.trainable} reported {len(stamps)} time(s) in {units} "
+            "units; profile needs one report per unit"
+        )
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    return gaps, max(0.0, seconds - (stamps[-1] - stamps[0]) - statistics.fmean(gaps))

@@ -89,10 +89,19 @@ def cuda_devices() -> int | None:
 
 
 def mps_running() -> bool:
-    """Is an NVIDIA MPS control daemon serving this machine? It creates its ``control`` pipe
-    in ``$CUDA_MPS_PIPE_DIRECTORY`` (default ``/tmp/nvidia-mps``)."""
+    """Is an NVIDIA MPS control daemon serving this machine? While it runs, its pid is in
+    ``nvidia-cuda-mps-control.pid`` in ``$CUDA_MPS_PIPE_DIRECTORY`` (default
+    ``/tmp/nvidia-mps``). Its ``control`` socket outlives a daemon that quit, and the pid
+    file one that was killed, so the pid must also be a live process."""
     pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-    return Path(pipes, "control").exists()
+    try:
+        pid = int(Path(pipes, "nvidia-cuda-mps-control.pid").read_text())
+        os.kill(pid, 0)  # signal 0: does the process exist?
+    except PermissionError:  # it exists, run by another user
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def width_problem(
@@ -126,14 +135,14 @@ def width_problem(
         return f"{gpus:g} GPUs per trial: a width above 1 must be a whole number of GPUs"
     if max_gpus is not None and gpus > max_gpus:
         return f"{gpus:g} GPUs per trial is more than the pool has (compute.max_gpus: {max_gpus})"
-    if devices is not None and gpus > devices:
-        return f"{gpus:g} GPUs per trial is more than this worker has ({devices} CUDA devices)"
     if not distributed:
         return (
             f"trainable: {trainable} does not support distributed training, asked to run on "
             f"{gpus:g} GPUs (mark it with `{trainable.partition(':')[2]}.distributed = True` "
             "once it uses ctx.wrap and ctx.batches)"
         )
+    if devices is not None and gpus > devices:
+        return f"{gpus:g} GPUs per trial is more than this worker has ({devices} CUDA devices)"
     return None
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -93,3 +95,18 @@ def test_a_local_job_gives_concurrent_segments_different_devices(
     ]
     assert overlapping, "no two segments ran at once"
     assert all(a[2] != b[2] for a, b in overlapping)
+
+
+def test_mps_is_running_only_while_its_daemon_lives(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    (tmp_path / "control").touch()  # the socket file outlives the daemon
+    assert not tasks.train.mps_running()
+    pid_file = tmp_path / "nvidia-cuda-mps-control.pid"
+    daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pid_file.write_text(str(daemon.pid))
+        assert tasks.train.mps_running()
+    finally:
+        daemon.kill()
+        daemon.wait()
+    assert not tasks.train.mps_running()  # killed: its pid file stayed behind

@@ -124,3 +124,28 @@ def wide_quadratic(config: dict, ctx: TrialContext) -> None:
 
 
 wide_quadratic.distributed = True  # type: ignore[attr-defined]
+
+
+def device_counter(config: dict, ctx: TrialContext) -> None:
+    """:func:`quadratic` with its state on ``ctx.device``: reports the epochs the trial ever
+    trained and whether this segment's state lived on CUDA, and appends
+    ``trial device begin end`` to $ELASTUNE_TEST_DEVICES after each segment."""
+    began = time.time()
+    state = torch.nn.Linear(1, 1).to(ctx.device)
+    with torch.no_grad():
+        state.bias.zero_()
+    start = ctx.restore(model=state)
+    for epoch in ctx.range(start):
+        time.sleep(float(os.environ.get("ELASTUNE_TEST_EPOCH_SECONDS", "0")))
+        with torch.no_grad():
+            state.bias += 1.0
+        ceiling = 1 - (config["x"] - 0.7) ** 2
+        ctx.report(
+            val_accuracy=ceiling * (1 - 0.5**epoch),
+            epochs_trained=state.bias.item(),
+            on_cuda=float(state.bias.is_cuda),
+        )
+        ctx.checkpoint(model=state)
+    if "ELASTUNE_TEST_DEVICES" in os.environ and ctx.stop > start:  # not a model export
+        with open(os.environ["ELASTUNE_TEST_DEVICES"], "a") as out:
+            out.write(f"{ctx.trial} {state.bias.device} {began} {time.time()}\n")
