@@ -29,7 +29,7 @@ def test_explicit_table_with_spread() -> None:
     assert profile.gpu_counts == (0.5, 1.0, 2.0)
     assert profile.timing(1) == Timing(720, 36)  # absolute sd wins
     assert profile.timing(2) == Timing(400, 40)  # relative sd for the others
-    assert profile.speedup(2) == pytest.approx(1.8)
+    assert profile.speedup[2] == pytest.approx(1.8)
 
 
 def test_speedup_table_and_amdahl_models() -> None:
@@ -70,7 +70,7 @@ def test_missing_gpu_count_names_the_field_and_the_count() -> None:
 
 def test_gpu_models_need_a_relative_speed() -> None:
     catalog = read_catalog()
-    profile = Profile({1.0: 100.0}, gpu="V100", speed={"A100": 2.0})
+    profile = Profile({1.0: 100.0}, gpu="V100", gpu_speed={"A100": 2.0})
     assert profile.timing(1, catalog.get("p3.2xlarge")).mean == 100
     assert profile.timing(1, catalog.get("p4d.24xlarge")).mean == 50
     assert not profile.covers(catalog.get("g5.xlarge"))

@@ -62,7 +62,7 @@ from numpy.typing import NDArray
 
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, InstanceType
-from planners.cost.profile import Profile, ProfileError
+from planners.cost.profile import Profile
 from planners.packing import StaticFluid, Work, best_rigid
 from planners.placement import Placement, place
 
@@ -323,12 +323,9 @@ class Simulator:
         self.samples = samples
         self.seed = seed
         self.quantile = quantile
-        self.fluid = profile.fluid() if packing else None
-        if packing and self.fluid is None:
-            raise ProfileError(
-                "profile.seconds_per_unit: packing needs the time on 1 GPU, which the other "
-                f"widths' speedups are relative to (the profile has {profile.gpu_counts})"
-            )
+        if packing:
+            profile.check_packable()
+        self.packing = packing
         self._draws: dict[tuple[int, int, int], Array] = {}
         self._chains: dict[tuple[StagePlan, ...], ChainRun] = {}
         self._layouts: dict[tuple[StagePlan, str], tuple[Placement, Array, Array, Array]] = {}
@@ -613,15 +610,15 @@ class Simulator:
         :func:`planners.packing.best_rigid`), and take those widths; the nodes, and so the
         bill's shape, stay the plan's. Without packing, or where the widths would need a
         slot structure that best-fit placement cannot hold, the stage as planned."""
-        if self.fluid is None or any(tier.resource <= 0 for tier in stage.tiers):
+        if not self.packing or any(tier.resource <= 0 for tier in stage.tiers):
             return stage
         unit = self.profile.timing(1.0, instance).mean
         trials = [tier for tier in stage.tiers for _ in range(tier.trials)]
         packer = StaticFluid(
-            self.fluid,
+            self.profile,
             stage.instances * instance.gpus,
             gpus_per_node=instance.gpus,
-            max_share=max(self.fluid.sharing, default=1),
+            max_share=max(self.profile.sharing, default=1),
         )
         group = [Work(i, t.resource, unit) for i, t in enumerate(trials)]
         widths = best_rigid(packer, group).widths
