@@ -37,7 +37,7 @@ from planners.cost.profile import Profile
 from planners.cost.report import PlanReport, Problem, format_duration, rows_for
 from planners.cost.rubberband import RubberBand
 from planners.cost.seer import Seer
-from planners.cost.simulate import Simulator
+from planners.cost.simulate import PlanSimulator
 from planners.plan import compile_plan
 from planners.spec import JobSpec, SpecError
 
@@ -92,14 +92,14 @@ def plan_job(
         seed: Seed of the simulated stragglers and delays.
         packing: Price every stage as Fluid packs it onto its nodes (the staged flow's
             stage packer): trials take the widths StaticFluid chooses over the stage's
-            GPUs instead of the plan's GPUs per trial (``Simulator(packing=True)``).
+            GPUs instead of the plan's GPUs per trial (``PlanSimulator(packing=True)``).
     """
     if planner not in PLANNERS:
         raise SpecError(f"--planner: unknown planner {planner!r} (use rubberband or seer)")
     catalog = catalog if catalog is not None else read_catalog()
     profile = profile if profile is not None else job_profile(spec)
     names = instance_types(spec, catalog, profile)
-    simulator = Simulator(catalog, profile, samples=samples, seed=seed, packing=packing)
+    simulator = PlanSimulator(catalog, profile, samples=samples, seed=seed, packing=packing)
     deadline, budget = spec.budget.deadline, spec.budget.max_cost_usd
     max_gpus = spec.compute.max_gpus
     problems: list[Problem] = []

@@ -41,11 +41,11 @@ and billing, no slower, no dearer, no slower to start) are skipped.
 Example (ALGORITHMS.md §5.6):
     >>> from planners.cost.catalog import parse_catalog
     >>> from planners.cost.profile import Profile
-    >>> from planners.cost.simulate import Simulator
+    >>> from planners.cost.simulate import PlanSimulator
     >>> from planners.plan import Stage
     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
-    >>> simulator = Simulator(catalog, Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}))
+    >>> simulator = PlanSimulator(catalog, Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}))
     >>> job = [Stage(0, 0, 8, 0, 1), Stage(0, 1, 4, 1, 3), Stage(0, 2, 2, 3, 7)]
     >>> result = RubberBand(simulator, ["p3.8xlarge"], deadline=36 * 60).plan(job)
     >>> [m.plan.gpus_per_trial[0] for m in result.moves]
@@ -66,9 +66,10 @@ from numpy.typing import NDArray
 
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.catalog import MARKETS, Catalog, InstanceType
+from planners.cost.outcome import Outcome, upper_quantile
+from planners.cost.outcome import quantile as _quantile
 from planners.cost.profile import Profile
-from planners.cost.simulate import Outcome, Simulator, upper_quantile
-from planners.cost.simulate import quantile as _quantile
+from planners.cost.simulate import PlanSimulator
 from planners.placement import place
 from planners.plan import Stage
 from planners.spec import SpecError
@@ -238,7 +239,7 @@ class RubberBand:
 
     def __init__(
         self,
-        simulator: Simulator,
+        simulator: PlanSimulator,
         instance_types: Sequence[str],
         *,
         deadline: float | None = None,
