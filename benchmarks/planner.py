@@ -45,8 +45,9 @@ from planners.cost import plan_job
 from planners.cost.billing import BillingRule
 from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.job import job_profile
-from planners.cost.rubberband import RubberBand, chains_of
+from planners.cost.rubberband import RubberBand
 from planners.cost.simulate import PlanSimulator
+from planners.cost.sizing import chains_of
 from planners.plan import compile_plan
 from planners.spec import JobSpec, parse_job
 

@@ -7,8 +7,9 @@ import pytest
 
 from planners.cost.catalog import parse_catalog
 from planners.cost.profile import Profile
-from planners.cost.rubberband import RubberBand, build_stage, chains_of, split
+from planners.cost.rubberband import RubberBand
 from planners.cost.simulate import PlanSimulator
+from planners.cost.sizing import build_stage, chains_of, split
 from planners.plan import Stage, compile_plan
 from planners.spec import SpecError, parse_job
 

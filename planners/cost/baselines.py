@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.outcome import Outcome
-from planners.cost.rubberband import fastest_stage, split
 from planners.cost.simulate import PlanSimulator
+from planners.cost.sizing import fastest_stage, split
 from planners.plan import Stage
 
 
