@@ -27,6 +27,9 @@ Example:
     >>> measured = Profile.from_measurements({1: [700, 740], 2: [400, 400]})
     >>> measured.timing(1), measured.to_dict()["seconds_per_unit"]
     (Timing(mean=720.0, sd=28.284271247461902), {1: 720.0, 2: 400.0})
+    >>> shared = Profile({0.5: 1.25, 1: 1.0, 2: 0.625})  # two trials per GPU: 0.8 each
+    >>> shared.speedup, shared.sharing, Profile({0.5: 0.5, 1: 1.0}).sharing
+    ({1: 1.0, 2: 1.6}, {2: 0.8}, {})
     >>> Profile.from_speeds({2: 1.8}, sharing={2: 0.85}).sharing
     {2: 0.85}
     >>> profile.timing(8)  # doctest: +ELLIPSIS
@@ -309,12 +312,7 @@ class Profile:
 
     @cached_property
     def speedup(self) -> dict[int, float]:
-        """``S(g) = t(1)/t(g)`` for every whole GPU count ``g`` the profile times.
-
-        Example:
-            >>> Profile({0.5: 1.25, 1: 1.0, 2: 0.625}).speedup
-            {1: 1.0, 2: 1.6}
-        """
+        """``S(g) = t(1)/t(g)`` for every whole GPU count ``g`` the profile times."""
         self.check_packable()
         one = self.timings[1.0].mean
         return {int(g): one / t.mean for g, t in self.timings.items() if g.is_integer()}
@@ -323,12 +321,7 @@ class Profile:
     def sharing(self) -> dict[int, float]:
         """``sigma(c) = t(1)/t(1/c)`` for ``c`` trials sharing one GPU. Sharing timings that
         claim a trial runs faster when more share its GPU are left out, all of them: the
-        packer cannot trust them.
-
-        Example:
-            >>> Profile({0.5: 1.25, 1: 1.0}).sharing, Profile({0.5: 0.5, 1: 1.0}).sharing
-            ({2: 0.8}, {})
-        """
+        packer cannot trust them."""
         self.check_packable()
         one = self.timings[1.0].mean
         sharing: dict[int, float] = {}
