@@ -75,7 +75,8 @@ class Profile:
     Args:
         timings: ``g -> Timing`` (or a plain mean in seconds) per GPU count.
         segment_cv: Per-segment straggler spread, relative to the segment's mean.
-        overhead_s: Seconds added to every segment (checkpoint restore and save).
+        overhead_s: Seconds added to every segment (checkpoint restore and save); the
+            packer's rescale cost, paid when it restarts a running segment.
         gpu: GPU model the timings were measured on; ``None`` means any model.
         gpu_speed: Throughput of other GPU models relative to ``gpu`` (2.0: twice as
             fast): the job file's ``speed``.
