@@ -43,8 +43,8 @@ import optuna
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from planners.cost.profile import Profile  # noqa: E402
 from planners.lcbench import LCBenchTable, tasks  # noqa: E402
-from planners.packing import Profile  # noqa: E402
 from planners.simulator import Packing, simulate  # noqa: E402
 from planners.spec import load_job  # noqa: E402
 
@@ -67,7 +67,7 @@ VARIANTS = {  # name -> (policy, speed-up per width, rescale seconds)
 
 
 def packing(policy: str, speedup: dict[int, float], rescale: float) -> Packing:
-    profile = Profile(speedup, rescale_seconds=rescale)
+    profile = Profile.from_speeds(speedup, overhead_s=rescale)
     return Packing(policy, profile, gpus_per_node=PER_NODE)
 
 

@@ -38,11 +38,11 @@ from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from planners.cost.profile import Profile
 from planners.geometry import Bracket, hyperband_brackets, sha_bracket
 from planners.packing import (
     DynamicFluid,
     Packer,
-    Profile,
     StaticFluid,
     Work,
     fifo_makespan,
@@ -58,7 +58,7 @@ POLICIES = ("fifo", "static", "dynamic")
 
 
 def profile(sharing: bool) -> Profile:
-    return Profile(SPEEDUP, SHARING if sharing else {}, rescale_seconds=RESCALE_SECONDS)
+    return Profile.from_speeds(SPEEDUP, SHARING if sharing else {}, overhead_s=RESCALE_SECONDS)
 
 
 def packers(gpus: int, per_node: int, sharing: bool) -> dict[str, Packer]:

@@ -45,8 +45,9 @@ from planners.cost import plan_job
 from planners.cost.billing import BillingRule
 from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.job import job_profile
-from planners.cost.rubberband import RubberBand, chains_of
-from planners.cost.simulate import Simulator
+from planners.cost.rubberband import RubberBand
+from planners.cost.simulate import PlanSimulator
+from planners.cost.sizing import chains_of
 from planners.plan import compile_plan
 from planners.spec import JobSpec, parse_job
 
@@ -167,7 +168,7 @@ def spec_for(scenario: Scenario, deadline: float | None) -> JobSpec:
 
 
 def fastest_p95(spec: JobSpec, catalog: Catalog) -> float:
-    simulator = Simulator(catalog, job_profile(spec), samples=SAMPLES)
+    simulator = PlanSimulator(catalog, job_profile(spec), samples=SAMPLES)
     planner = RubberBand(
         simulator, list(spec.compute.instance_types), max_gpus=spec.compute.max_gpus
     )
@@ -178,7 +179,7 @@ def fastest_p95(spec: JobSpec, catalog: Catalog) -> float:
 
 def brute_force(spec: JobSpec, catalog: Catalog, deadline: float) -> tuple[float | None, int]:
     """The cheapest p95-feasible plan of the planner's plan space (one bracket only)."""
-    simulator = Simulator(catalog, job_profile(spec), samples=SAMPLES)
+    simulator = PlanSimulator(catalog, job_profile(spec), samples=SAMPLES)
     planner = RubberBand(
         simulator,
         list(spec.compute.instance_types),
@@ -213,7 +214,7 @@ def run_scenario(scenario: Scenario) -> dict[str, Any]:
 
     cost = report.outcome.cost_mean
     optimum, space = brute_force(spec, catalog, deadline)
-    fresh = Simulator(catalog, job_profile(spec), samples=FRESH_SAMPLES, seed=20_240_601)
+    fresh = PlanSimulator(catalog, job_profile(spec), samples=FRESH_SAMPLES, seed=20_240_601)
     again = fresh.run(report.plan)
     static_max, static_min = report.baselines
     return {
@@ -367,7 +368,7 @@ def with_spot(spec: JobSpec, spot: bool) -> JobSpec:
 
 
 def static_spot(
-    planner: RubberBand, simulator: Simulator, plan: Any, deadline: float
+    planner: RubberBand, simulator: PlanSimulator, plan: Any, deadline: float
 ) -> tuple[float | None, str | None]:
     """Mean cost of the cheapest static spot pool (of the job's quota at most) that meets
     the deadline by the planner's rule for spot plans, and its type; None when none does."""
@@ -406,9 +407,9 @@ def run_spot_scenario(scenario: Scenario, market: str, stress: float) -> dict[st
     spot = plan_job(with_spot(spec, True), catalog=catalog)
     seconds = time.perf_counter() - started
 
-    fresh = Simulator(catalog, job_profile(spec), samples=FRESH_SAMPLES, seed=20_240_607)
+    fresh = PlanSimulator(catalog, job_profile(spec), samples=FRESH_SAMPLES, seed=20_240_607)
     again, again_od = fresh.run(spot.plan), fresh.run(on_demand.plan)
-    simulator = Simulator(catalog, job_profile(spec), samples=SAMPLES)
+    simulator = PlanSimulator(catalog, job_profile(spec), samples=SAMPLES)
     planner = RubberBand(
         simulator, list(scenario.types), deadline=deadline, max_gpus=scenario.max_gpus, spot=True
     )

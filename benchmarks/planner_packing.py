@@ -5,7 +5,7 @@ fixed GPUs per trial.
 For every scenario of ``benchmarks/planner.py`` (same jobs, profiles, catalogs and
 deadlines) it plans the job twice with ``plan_job``: as today (``packing=False``) and with a
 simulator that packs every stage (``packing=True``: StaticFluid widths over the stage's
-``instances x GPUs per node``, see ``planners.cost.simulate.Simulator.packed``). It records
+``instances x GPUs per node``, see ``planners.cost.simulate.PlanSimulator.packed``). It records
 
 - the unpacked plan priced again with packing: how much sooner the same nodes finish when
   the survivors of a stage take the GPUs its node count leaves idle (``same_plan_jct_ratio``:
@@ -47,7 +47,7 @@ from benchmarks.planner import (
 )
 from planners.cost import plan_job
 from planners.cost.job import job_profile
-from planners.cost.simulate import Simulator
+from planners.cost.simulate import PlanSimulator
 
 
 def run_scenario(scenario: Scenario) -> dict[str, Any]:
@@ -62,12 +62,12 @@ def run_scenario(scenario: Scenario) -> dict[str, Any]:
     packed = plan_job(spec, catalog=catalog, packing=True)
     seconds = time.perf_counter() - started
     # The unpacked plan run as the flow's stage packer runs it: same nodes, Fluid widths.
-    same = Simulator(catalog, profile, samples=SAMPLES, packing=True).run(plain.plan)
-    fresh = Simulator(catalog, profile, samples=FRESH_SAMPLES, seed=20_240_601, packing=True)
+    same = PlanSimulator(catalog, profile, samples=SAMPLES, packing=True).run(plain.plan)
+    fresh = PlanSimulator(catalog, profile, samples=FRESH_SAMPLES, seed=20_240_601, packing=True)
     again = fresh.run(packed.plan)
     static = plain.baselines[0]
     assert static.plan is not None and static.outcome is not None
-    static_packed = Simulator(catalog, profile, samples=SAMPLES, packing=True).run(static.plan)
+    static_packed = PlanSimulator(catalog, profile, samples=SAMPLES, packing=True).run(static.plan)
     return {
         "scenario": f"{scenario.name}-{scenario.deadline}",
         "scheduler": scenario.scheduler["name"],

@@ -19,8 +19,11 @@ An executor calls :meth:`Packer.submit`, :meth:`Packer.on_segment_done` and
 :meth:`Packer.on_pool_change` with its clock; each returns the :class:`Assignment` changes
 to apply. A simulator that only needs a stage's makespan calls :meth:`Packer.pack`.
 
+The speeds come from the job's speed profile (:class:`planners.cost.profile.Profile`).
+
 Example (the §6.3 worked example):
-    >>> profile = Profile(speedup={1: 1.0, 2: 1.8, 4: 3.2})
+    >>> from planners.cost.profile import Profile
+    >>> profile = Profile.from_speeds({2: 1.8, 4: 3.2})
     >>> packer = StaticFluid(profile, gpus=8)
     >>> group = [Work(t, resource=h, seconds_per_unit=60.0) for t, h in enumerate([40, 20, 10, 10])]
     >>> schedule = packer.pack(group)
@@ -34,13 +37,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from planners.schedulers.base import Result
+
+if TYPE_CHECKING:  # a type only: importing planners.cost loads its planners, which use this
+    from planners.cost.profile import Profile
 
 # Widths are Fractions: 1/3 must compare and add exactly (three of them make one GPU).
 _EPS = 1e-9
@@ -53,60 +59,6 @@ def _show(width: Fraction) -> str:
 def _as_width(value: float | Fraction) -> Fraction:
     # 1/3 arrives as 0.333..; the nearest fraction with a small denominator is the intent.
     return Fraction(value).limit_denominator(1000)
-
-
-@dataclass(frozen=True)
-class Profile:
-    """How fast one segment trains at each width, relative to one whole GPU.
-
-    Args:
-        speedup: ``S(g)`` for whole-GPU widths ``g >= 1`` (``S(1) = 1`` is implied).
-        sharing: ``sigma(c)`` for ``c >= 2`` segments sharing one GPU: each one's speed.
-        rescale_seconds: Checkpoint plus restart: what changing a running segment's width
-            (or moving it after its GPUs vanished) costs, in seconds.
-    """
-
-    speedup: Mapping[int, float] = field(default_factory=lambda: {1: 1.0})
-    sharing: Mapping[int, float] = field(default_factory=dict)
-    rescale_seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        speedup = {1: 1.0, **self.speedup}
-        for g, s in speedup.items():
-            if not isinstance(g, int) or g < 1:
-                raise ValueError(f"speedup width must be an integer >= 1, got {g!r}")
-            if not s > 0:
-                raise ValueError(f"speedup S({g}) must be > 0, got {s}")
-        if speedup[1] != 1.0:
-            raise ValueError(
-                f"speedup S(1) must be 1 (speeds are relative to 1 GPU), got {speedup[1]}"
-            )
-        previous = 1.0
-        for c, sigma in sorted(self.sharing.items()):
-            if not isinstance(c, int) or c < 2:
-                raise ValueError(f"sharing count must be an integer >= 2, got {c!r}")
-            if not 0 < sigma <= previous:
-                raise ValueError(
-                    f"sharing sigma({c}) must lie in (0, {previous:g}]: a trial cannot run "
-                    f"faster when more share its GPU, got {sigma}"
-                )
-            previous = sigma
-        if not self.rescale_seconds >= 0:
-            raise ValueError(f"rescale_seconds must be >= 0, got {self.rescale_seconds}")
-        object.__setattr__(self, "speedup", dict(sorted(speedup.items())))
-        object.__setattr__(self, "sharing", dict(sorted(self.sharing.items())))
-
-    @classmethod
-    def linear(cls, max_width: int, rescale_seconds: float = 0.0) -> Profile:
-        """``S(g) = g`` for powers of two up to ``max_width``: the released Fluid code's model."""
-        widths = [2**k for k in range(max_width.bit_length()) if 2**k <= max_width]
-        return cls({g: float(g) for g in widths}, rescale_seconds=rescale_seconds)
-
-    def speed(self, width: Fraction) -> float:
-        """Training speed at ``width``, relative to one whole GPU."""
-        if width >= 1:
-            return self.speedup[int(width)]
-        return self.sharing[width.denominator]
 
 
 @dataclass(frozen=True)
@@ -267,7 +219,7 @@ class Packer(ABC):
     """Chooses each segment's width and GPUs for groups of segments (Fluid's TrialGroups).
 
     Args:
-        profile: Speed at each width and the rescale cost.
+        profile: Speed at each width; its ``overhead_s`` is the rescale cost.
         gpus: Pool size ``M``.
         gpus_per_node: GPUs per node (default: one node with all ``gpus``). A trial's
             workers always stay on one node.
@@ -278,8 +230,10 @@ class Packer(ABC):
 
     Example (multiplexing, §6.3: 8 one-hour trials on 4 GPUs):
         >>> group = [Work(t, resource=1, seconds_per_unit=3600) for t in range(8)]
-        >>> alone = StaticFluid(Profile(), gpus=4).pack(group)
-        >>> shared = StaticFluid(Profile(sharing={2: 0.85}), gpus=4, max_share=2).pack(group)
+        >>> from planners.cost.profile import Profile
+        >>> alone = StaticFluid(Profile.from_speeds(), gpus=4).pack(group)
+        >>> shared = StaticFluid(Profile.from_speeds(sharing={2: 0.85}), gpus=4, max_share=2)
+        >>> shared = shared.pack(group)
         >>> round(alone.makespan / 3600, 2), round(shared.makespan / 3600, 2)
         (2.0, 1.18)
         >>> StaticFluid(Profile.linear(4), gpus=8, max_width=8)
@@ -537,7 +491,7 @@ class Packer(ABC):
         )
 
     def _start(self, trial: int, width: Fraction, node: int, gpus: tuple[int, ...]) -> Assignment:
-        overhead = self.profile.rescale_seconds if trial in self._restarts else 0.0
+        overhead = self.profile.overhead_s if trial in self._restarts else 0.0
         self._restarts.discard(trial)
         self._pool.occupy(trial, width, gpus)
         self._running[trial] = _Run(width, node, gpus, self._now, overhead, self._left[trial])
@@ -584,6 +538,7 @@ class StaticFluid(Packer):
 
     Example (§6.4's group: §6.3 runs all three at once, 6 h; the level allotment runs the
     tall trial on all 4 GPUs first, then the others on 2 each, 5 h):
+        >>> from planners.cost.profile import Profile
         >>> packer = StaticFluid(Profile.linear(4), gpus=4)
         >>> group = [Work(t, h, 3600.0) for t, h in enumerate([12, 4, 4])]
         >>> packer.water_fill({x.trial: x.seconds for x in group}, 4)
@@ -684,7 +639,8 @@ class DynamicFluid(Packer):
 
     Example (§6.4 with ``S = {2: 1.8, 4: 3.2}``: trial 0 widens to 4 GPUs at t = 4 h):
         >>> group = [Work(t, h, 3600.0) for t, h in enumerate([12, 4, 4])]
-        >>> schedule = DynamicFluid(Profile({2: 1.8, 4: 3.2}), gpus=4).pack(group)
+        >>> from planners.cost.profile import Profile
+        >>> schedule = DynamicFluid(Profile.from_speeds({2: 1.8, 4: 3.2}), gpus=4).pack(group)
         >>> [(p.trial, p.width, round(p.start / 3600, 2), round(p.end / 3600, 2))
         ...  for p in schedule.placements]
         [(1, 1.0, 0.0, 4.0), (2, 1.0, 0.0, 4.0), (0, 2.0, 0.0, 4.0), (0, 4.0, 4.0, 5.5)]
@@ -730,7 +686,7 @@ class DynamicFluid(Packer):
                     - self._now
                     - left * work.seconds_per_unit / self.profile.speed(width)
                 )
-                if saved > self.profile.rescale_seconds + _EPS:
+                if saved > self.profile.overhead_s + _EPS:
                     self._stop(trial)
                     self._restarts.add(trial)
                     changes[trial] = self._start(trial, width, *spot)
@@ -761,7 +717,8 @@ def best_rigid(packer: StaticFluid, group: Sequence[Work]) -> Schedule:
 
     Example (9 equal segments on 8 GPUs: StaticFluid's two waves at width 1 take 2 h; at
     width 4, two run at a time and five waves take 5/3.2 = 1.56 h):
-        >>> packer = StaticFluid(Profile({2: 1.8, 4: 3.2}), gpus=8, gpus_per_node=4)
+        >>> from planners.cost.profile import Profile
+        >>> packer = StaticFluid(Profile.from_speeds({2: 1.8, 4: 3.2}), gpus=8, gpus_per_node=4)
         >>> group = [Work(t, 1, 3600.0) for t in range(9)]
         >>> packer.pack(group).makespan / 3600, round(best_rigid(packer, group).makespan / 3600, 2)
         (2.0, 1.56)

@@ -79,10 +79,11 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.study import StudyDirection
 
+from planners.cost.profile import Profile
 from planners.explore import draw
 from planners.loop import TuningLoop
 from planners.mftpe import MultiFidelityTpeSampler
-from planners.packing import Assignments, DynamicFluid, Packer, Profile, StaticFluid, Work
+from planners.packing import Assignments, DynamicFluid, Packer, StaticFluid, Work
 from planners.schedulers import make_scheduler
 from planners.schedulers.base import Result, Scheduler, Segment
 from planners.space import distributions, make_sampler
@@ -285,7 +286,7 @@ class Packing:
     """
 
     policy: str = "dynamic"
-    profile: Profile = field(default_factory=Profile)
+    profile: Profile = field(default_factory=Profile.from_speeds)
     gpus_per_node: int | None = None
     max_share: int = 1
 

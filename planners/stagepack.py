@@ -23,10 +23,10 @@ Every segment of a stage trains the same resource, so the group's heights are eq
 widths depend on the speedup alone; measured speeds per trial would not change them.
 
 Example (rung 0: four trials on two GPUs, one GPU each; the top rung's survivor takes both):
-    >>> from planners.packing import Profile
+    >>> from planners.cost.profile import Profile
     >>> from planners.plan import Plan, Stage
     >>> plan = Plan((Stage(0, 0, 4, 0, 1), Stage(0, 1, 1, 1, 3)), workers=2)
-    >>> packer = StagePacker(plan, Profile({2: 1.8}), gpus=2)
+    >>> packer = StagePacker(plan, Profile.from_speeds({2: 1.8}), gpus=2)
     >>> rung0 = [Segment(t, 0, 1, rung=0) for t in range(4)]
     >>> [packer.may_start(s, rung0[:i]) for i, s in enumerate(rung0)]
     [True, True, False, False]
@@ -43,8 +43,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from planners.cost.profile import Profile as CostProfile
-from planners.packing import Profile, StaticFluid, Work, best_rigid
+from planners.cost.profile import Profile
+from planners.packing import StaticFluid, Work, best_rigid
 from planners.plan import Plan, Stage
 from planners.schedulers.base import Segment
 from planners.spec import JobSpec
@@ -74,7 +74,7 @@ class StagePacker:
 
     Args:
         plan: The staged plan; stages with ``slots`` have their own GPUs.
-        profile: Speed at each width (``planners.cost.profile.Profile.fluid``).
+        profile: Speed at each width (the job's profile, :attr:`Profile.packable`).
         gpus: GPUs of the pool shared by stages without ``slots``.
         max_width: Most GPUs one segment may use (e.g. the worker's devices, or 1 for a
             trainable that is not data-parallel); default the widest the profile covers.
@@ -238,8 +238,8 @@ def stage_packer(
     """
     if plan is None or spec.profile is None:
         return None
-    profile = CostProfile.from_spec(spec.profile).fluid()
-    if profile is None:
+    profile = Profile.from_spec(spec.profile)
+    if not profile.packable:
         return None
     gpus = spec.compute.max_gpus or spec.compute.workers
     caps = [spec.compute.max_gpus, devices, None if distributed else 1]

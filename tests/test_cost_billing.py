@@ -7,7 +7,7 @@ from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.billing import BillingRule
 from planners.cost.catalog import parse_catalog
 from planners.cost.profile import Profile
-from planners.cost.simulate import Simulator
+from planners.cost.simulate import PlanSimulator
 
 PER_SECOND = BillingRule(quantum_s=1, min_charge_s=60)
 HOURLY = BillingRule(quantum_s=3600, min_charge_s=3600)
@@ -52,7 +52,7 @@ def test_negative_time_alive_is_refused() -> None:
         PER_SECOND.billed_seconds(-1)
 
 
-def _one_node(starts: str, startup: float, seconds_per_unit: float, units: float) -> Simulator:
+def _one_node(starts: str, startup: float, seconds_per_unit: float, units: float) -> PlanSimulator:
     catalog = parse_catalog(
         {
             "instance_types": {
@@ -66,7 +66,7 @@ def _one_node(starts: str, startup: float, seconds_per_unit: float, units: float
             }
         }
     )
-    return Simulator(catalog, Profile({1.0: seconds_per_unit}), samples=3)
+    return PlanSimulator(catalog, Profile({1.0: seconds_per_unit}), samples=3)
 
 
 def _single(units: float) -> AllocationPlan:

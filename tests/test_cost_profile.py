@@ -1,6 +1,7 @@
 """The profile: timings per GPU count, from the job file, measurements or a scaling model."""
 
 import math
+from fractions import Fraction
 
 import pytest
 
@@ -29,7 +30,7 @@ def test_explicit_table_with_spread() -> None:
     assert profile.gpu_counts == (0.5, 1.0, 2.0)
     assert profile.timing(1) == Timing(720, 36)  # absolute sd wins
     assert profile.timing(2) == Timing(400, 40)  # relative sd for the others
-    assert profile.speedup(2) == pytest.approx(1.8)
+    assert profile.speedup[2] == pytest.approx(1.8)
 
 
 def test_speedup_table_and_amdahl_models() -> None:
@@ -70,7 +71,7 @@ def test_missing_gpu_count_names_the_field_and_the_count() -> None:
 
 def test_gpu_models_need_a_relative_speed() -> None:
     catalog = read_catalog()
-    profile = Profile({1.0: 100.0}, gpu="V100", speed={"A100": 2.0})
+    profile = Profile({1.0: 100.0}, gpu="V100", gpu_speed={"A100": 2.0})
     assert profile.timing(1, catalog.get("p3.2xlarge")).mean == 100
     assert profile.timing(1, catalog.get("p4d.24xlarge")).mean == 50
     assert not profile.covers(catalog.get("g5.xlarge"))
@@ -113,3 +114,30 @@ def test_profile_constructor_checks_values() -> None:
     with pytest.raises(ProfileError, match=r"profile\.segment_cv"):
         Profile({1.0: 1.0}, segment_cv=-1)
     assert ProfileSpec.model_validate(Profile({1.0: 1.0}).to_dict()).seconds_per_unit == {1.0: 1.0}
+
+
+def test_the_packer_reads_speeds_relative_to_one_gpu() -> None:
+    # The job file's profile, converted once, is what both the cost planner and the packer read.
+    profile = job_profile(
+        {"seconds_per_unit": {0.5: 900, 1: 600, 2: 375, 3: 300}, "overhead_s": 20}
+    )
+    assert profile.speedup == pytest.approx({1: 1.0, 2: 1.6, 3: 2.0})
+    assert profile.sharing == pytest.approx({2: 600 / 900})
+    assert profile.speed(Fraction(1, 2)) == pytest.approx(600 / 900)
+    assert profile.speed(Fraction(3)) == pytest.approx(2.0)
+    # The same speeds given directly: a unit takes one second on one GPU.
+    speeds = Profile.from_speeds({2: 1.6, 3: 2.0}, {2: 600 / 900}, overhead_s=20)
+    assert speeds.timing(2).mean == pytest.approx(1 / 1.6)
+    assert speeds.speedup == pytest.approx(profile.speedup)
+    assert speeds.sharing == pytest.approx(profile.sharing)
+    assert Profile.linear(8).speedup == {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0}
+
+
+def test_a_profile_without_one_gpu_cannot_be_packed() -> None:
+    profile = Profile({2: 400.0, 4: 225.0})
+    assert not profile.packable
+    assert profile.timing(2).mean == 400  # the cost planner can still use it
+    with pytest.raises(ProfileError, match=r"profile.seconds_per_unit: packing needs the time"):
+        _ = profile.speedup
+    with pytest.raises(ValueError, match=r"speedup width must be an integer >= 1, got 1.5"):
+        Profile.from_speeds({1.5: 1.4})

@@ -7,8 +7,9 @@ import pytest
 
 from planners.cost.catalog import parse_catalog
 from planners.cost.profile import Profile
-from planners.cost.rubberband import RubberBand, build_stage, chains_of, split
-from planners.cost.simulate import Simulator
+from planners.cost.rubberband import RubberBand
+from planners.cost.simulate import PlanSimulator
+from planners.cost.sizing import build_stage, chains_of, split
 from planners.plan import Stage, compile_plan
 from planners.spec import SpecError, parse_job
 
@@ -17,9 +18,9 @@ CATALOG = parse_catalog({"instance_types": {"p3.8xlarge": NODE}})
 JOB = [Stage(0, 0, 8, 0, 1), Stage(0, 1, 4, 1, 3), Stage(0, 2, 2, 3, 7)]
 
 
-def simulator(segment_cv: float = 0.0, catalog=CATALOG) -> Simulator:
+def simulator(segment_cv: float = 0.0, catalog=CATALOG) -> PlanSimulator:
     profile = Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}, segment_cv=segment_cv)
-    return Simulator(catalog, profile, samples=400)
+    return PlanSimulator(catalog, profile, samples=400)
 
 
 def path(result) -> list[tuple[str, ...]]:

@@ -5,7 +5,7 @@ import pytest
 from planners.cost.catalog import parse_catalog
 from planners.cost.profile import Profile
 from planners.cost.seer import Seer, solve, stage_gpus, survivors
-from planners.cost.simulate import Simulator
+from planners.cost.simulate import PlanSimulator
 
 SPEED = {1: 1.0, 2: 1.8, 4: 3.2, 8: 5.6}  # epochs per hour on g GPUs
 
@@ -75,7 +75,7 @@ def priced(deadline_h: float, budget: float, startup: float = 0.0) -> Seer:
         }
     )
     profile = Profile({g: 3600 / s for g, s in SPEED.items()}, segment_cv=0.05)
-    simulator = Simulator(catalog, profile, samples=200)
+    simulator = PlanSimulator(catalog, profile, samples=200)
     return Seer(simulator, ["p3.8xlarge"], deadline=deadline_h * 3600, budget=budget)
 
 

@@ -7,7 +7,7 @@ from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.baselines import static_pool
 from planners.cost.catalog import parse_catalog
 from planners.cost.profile import Profile
-from planners.cost.simulate import Simulator
+from planners.cost.simulate import PlanSimulator
 from planners.placement import nodes_needed
 
 # §5.6: 4-GPU nodes at $12.24/h, 3 min to become ready, billed from request; 12 min per
@@ -52,7 +52,7 @@ def plan(gpus: tuple[int, int, int]) -> AllocationPlan:
 def test_worked_example_table(gpus, nodes, minutes, dollars) -> None:
     example = plan(gpus)
     assert tuple(s.instances for s in example.stages) == nodes
-    outcome = Simulator(PER_SECOND, profile(), samples=5).run(example)
+    outcome = PlanSimulator(PER_SECOND, profile(), samples=5).run(example)
     assert np.allclose(outcome.jct, outcome.jct[0])  # no noise: every sample agrees
     assert outcome.jct_q / 60 == pytest.approx(minutes, abs=0.005)
     if dollars is not None:
@@ -60,7 +60,7 @@ def test_worked_example_table(gpus, nodes, minutes, dollars) -> None:
 
 
 def test_stragglers_at_ten_percent_per_segment() -> None:
-    simulator = Simulator(PER_SECOND, profile(segment_cv=0.1), samples=4000, seed=1)
+    simulator = PlanSimulator(PER_SECOND, profile(segment_cv=0.1), samples=4000, seed=1)
     elastic = simulator.run(plan((2, 4, 4)))
     fastest = simulator.run(plan((4, 4, 4)))
     # §5.6: (2,4,4) has mean JCT about 34.7 and p95 about 37.1 min; (4,4,4) p95 about 33.7.
@@ -70,11 +70,11 @@ def test_stragglers_at_ten_percent_per_segment() -> None:
 
 
 def test_static_pool_costs_more_per_second_and_the_same_hourly() -> None:
-    per_second = Simulator(PER_SECOND, profile(), samples=3)
+    per_second = PlanSimulator(PER_SECOND, profile(), samples=3)
     static = static_pool(per_second, plan((2, 4, 4)), "p3.8xlarge", 4)
     assert static is not None and static.hold
     assert per_second.run(static).cost_mean == pytest.approx(26.25, abs=0.005)
-    hourly = Simulator(HOURLY, profile(), samples=3)
+    hourly = PlanSimulator(HOURLY, profile(), samples=3)
     static = static_pool(hourly, plan((2, 4, 4)), "p3.8xlarge", 4)
     assert static is not None
     # Under hourly billing every node pays one hour: elasticity saves nothing.
@@ -83,7 +83,7 @@ def test_static_pool_costs_more_per_second_and_the_same_hourly() -> None:
 
 
 def test_stage_costs_add_up_to_the_plan_cost() -> None:
-    outcome = Simulator(PER_SECOND, profile(0.1), samples=50).run(plan((1, 4, 4)))
+    outcome = PlanSimulator(PER_SECOND, profile(0.1), samples=50).run(plan((1, 4, 4)))
     assert sum(s.cost for s in outcome.stages) == pytest.approx(outcome.cost_mean)
     starts = [float(np.median(s.start)) for s in outcome.stages]
     assert starts == sorted(starts) and starts[0] == pytest.approx(180)
@@ -92,7 +92,7 @@ def test_stage_costs_add_up_to_the_plan_cost() -> None:
 def test_waves_when_the_pool_is_smaller_than_the_stage() -> None:
     # 5 trials of 2 GPUs on one 4-GPU node: 2 slots, 3 waves of 400 s after 180 s startup.
     stage = StagePlan(0, 0, (GpuTier(5, 2.0, 1),), "p3.8xlarge", 1)
-    outcome = Simulator(PER_SECOND, profile(), samples=2).run(AllocationPlan(((stage,),)))
+    outcome = PlanSimulator(PER_SECOND, profile(), samples=2).run(AllocationPlan(((stage,),)))
     assert outcome.jct_q == pytest.approx(180 + 3 * 400)
     assert outcome.cost_mean == pytest.approx(12.24 * (180 + 1200) / 3600)
 
@@ -100,23 +100,23 @@ def test_waves_when_the_pool_is_smaller_than_the_stage() -> None:
 def test_trials_wider_than_a_node_are_refused_by_the_cost_model() -> None:
     stage = StagePlan(0, 0, (GpuTier(1, 8.0, 1),), "p3.8xlarge", 2)
     with pytest.raises(ValueError, match=r"8 GPUs does not fit one p3\.8xlarge node"):
-        Simulator(PER_SECOND, profile(), samples=2).run(AllocationPlan(((stage,),)))
+        PlanSimulator(PER_SECOND, profile(), samples=2).run(AllocationPlan(((stage,),)))
 
 
 def test_common_random_numbers_and_resumed_prefixes() -> None:
-    first = Simulator(PER_SECOND, profile(0.1), samples=64, seed=3)
+    first = PlanSimulator(PER_SECOND, profile(0.1), samples=64, seed=3)
     a = first.run(plan((4, 4, 4)))
     b = first.run(plan((4, 4, 2)))  # resumes after the shared first two stages
-    fresh = Simulator(PER_SECOND, profile(0.1), samples=64, seed=3).run(plan((4, 4, 2)))
+    fresh = PlanSimulator(PER_SECOND, profile(0.1), samples=64, seed=3).run(plan((4, 4, 2)))
     assert np.array_equal(b.jct, fresh.jct) and np.array_equal(b.cost, fresh.cost)
     # Same draws for the shared stages: plan b's first two stages end exactly as plan a's.
     assert np.array_equal(a.stages[1].end, b.stages[1].end)
-    other = Simulator(PER_SECOND, profile(0.1), samples=64, seed=4).run(plan((4, 4, 4)))
+    other = PlanSimulator(PER_SECOND, profile(0.1), samples=64, seed=4).run(plan((4, 4, 4)))
     assert not np.array_equal(a.jct, other.jct)
 
 
 def test_trace_places_every_segment_on_a_live_node() -> None:
-    trace = Simulator(PER_SECOND, profile(), samples=2).trace(plan((1, 4, 4)))
+    trace = PlanSimulator(PER_SECOND, profile(), samples=2).trace(plan((1, 4, 4)))
     assert trace.jct / 60 == pytest.approx(40.5)
     assert trace.cost == pytest.approx(20.81, abs=0.005)
     assert len(trace.nodes) == 4 and len(trace.segments) == 14
@@ -134,8 +134,8 @@ def test_packing_gives_the_idle_gpus_of_a_stages_nodes_to_its_trials():
         StagePlan(0, k, (GpuTier(n, 1.0, epochs),), "p3.8xlarge", nodes)
         for k, ((n, epochs), nodes) in enumerate(zip(JOB, (2, 1, 1), strict=True))
     )
-    plain = Simulator(PER_SECOND, profile(), samples=20)
-    packing = Simulator(PER_SECOND, profile(), samples=20, packing=True)
+    plain = PlanSimulator(PER_SECOND, profile(), samples=20)
+    packing = PlanSimulator(PER_SECOND, profile(), samples=20, packing=True)
     node = PER_SECOND.get("p3.8xlarge")
     assert [packing.packed(s, node).gpus_label for s in chain] == ["1", "1", "2"]
     assert plain.packed(chain[2], node) == chain[2]
@@ -147,4 +147,4 @@ def test_packing_gives_the_idle_gpus_of_a_stages_nodes_to_its_trials():
 
 def test_packing_needs_the_time_on_one_gpu():
     with pytest.raises(ValueError, match=r"profile.seconds_per_unit: packing needs the time on 1"):
-        Simulator(PER_SECOND, Profile({2: 400, 4: 225}), packing=True)
+        PlanSimulator(PER_SECOND, Profile({2: 400, 4: 225}), packing=True)

@@ -10,9 +10,10 @@ from planners.cost import plan_job
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.catalog import parse_catalog
 from planners.cost.gantt import draw_gantt
+from planners.cost.outcome import upper_quantile
 from planners.cost.profile import Profile
 from planners.cost.rubberband import RubberBand
-from planners.cost.simulate import Simulator, upper_quantile
+from planners.cost.simulate import PlanSimulator
 from planners.placement import nodes_needed
 from planners.plan import Stage
 from planners.spec import SpecError, parse_job
@@ -41,7 +42,7 @@ def example(gpus: tuple[int, int, int], market: str = "on-demand") -> Allocation
     return AllocationPlan((tuple(stages),))
 
 
-def one_node(rate: float, overhead_s: float = 0.0, samples: int = 3) -> Simulator:
+def one_node(rate: float, overhead_s: float = 0.0, samples: int = 3) -> PlanSimulator:
     """One 1-GPU node at $3.60/h (75% off on spot), ready after a fixed 180 s, 60 s/unit."""
     node = {
         "gpus": 1,
@@ -51,7 +52,7 @@ def one_node(rate: float, overhead_s: float = 0.0, samples: int = 3) -> Simulato
         "spot": {"discount": 0.75, "interruptions_per_hour": rate},
     }
     cat = parse_catalog({"instance_types": {"n1": node}})
-    return Simulator(cat, Profile({1.0: 60.0}, overhead_s=overhead_s), samples=samples, seed=5)
+    return PlanSimulator(cat, Profile({1.0: 60.0}, overhead_s=overhead_s), samples=samples, seed=5)
 
 
 def single(units: float, market: str) -> AllocationPlan:
@@ -73,7 +74,7 @@ def test_spot_pays_the_discounted_price() -> None:
 
 
 def test_at_rate_zero_spot_is_a_discounted_on_demand_run() -> None:
-    sim = Simulator(catalog(rate=0.0), profile(segment_cv=0.1), samples=300, seed=2)
+    sim = PlanSimulator(catalog(rate=0.0), profile(segment_cv=0.1), samples=300, seed=2)
     on_demand = sim.run(example((2, 4, 4)))
     spot = sim.run(example((2, 4, 4)).on_market("spot"))
     assert np.array_equal(spot.jct, on_demand.jct)  # same stragglers, same startup draws
@@ -132,8 +133,8 @@ def test_an_interruption_costs_the_work_since_the_checkpoint_and_a_restart() -> 
     ],
 )
 def test_interruptions_only_delay_and_are_counted(plan: AllocationPlan) -> None:
-    calm = Simulator(catalog(rate=0.0), profile(0.05), samples=400, seed=7).run(plan)
-    risky = Simulator(catalog(rate=1.5), profile(0.05), samples=400, seed=7).run(plan)
+    calm = PlanSimulator(catalog(rate=0.0), profile(0.05), samples=400, seed=7).run(plan)
+    risky = PlanSimulator(catalog(rate=1.5), profile(0.05), samples=400, seed=7).run(plan)
     assert np.all(risky.jct >= calm.jct - 1e-9)  # same draws: interruptions only add time
     # (a node interrupted while another one holds the stage up may cost no time at all)
     assert risky.jct.mean() > calm.jct.mean()
@@ -143,7 +144,7 @@ def test_interruptions_only_delay_and_are_counted(plan: AllocationPlan) -> None:
 
 
 def test_a_spot_stage_needs_spot_prices_and_a_known_market() -> None:
-    sim = Simulator(catalog(rate=None), profile(), samples=2)
+    sim = PlanSimulator(catalog(rate=None), profile(), samples=2)
     with pytest.raises(ValueError, match=r"p3\.8xlarge has no spot prices"):
         sim.run(example((4, 4, 4), "spot"))
     with pytest.raises(ValueError, match="market must be one of"):
@@ -162,7 +163,7 @@ def test_upper_quantile_is_a_conservative_order_statistic() -> None:
 
 def test_with_spot_disallowed_the_worked_example_is_unchanged() -> None:
     def plans(cat, deadline: float):
-        sim = Simulator(cat, profile(), samples=400)
+        sim = PlanSimulator(cat, profile(), samples=400)
         result = RubberBand(sim, ["p3.8xlarge"], deadline=deadline * 60).plan(JOB)
         return result, [m.plan for m in result.moves]
 
@@ -178,7 +179,7 @@ def test_spot_is_chosen_at_a_loose_deadline_and_rejected_at_a_tight_one() -> Non
     cat = catalog(rate=2.0)  # a very unreliable spot market, 70% off
 
     def plan(deadline_min: float, spot: bool):
-        sim = Simulator(cat, profile(), samples=400)
+        sim = PlanSimulator(cat, profile(), samples=400)
         return RubberBand(sim, ["p3.8xlarge"], deadline=deadline_min * 60, spot=spot).plan(JOB)
 
     tight = plan(45, spot=True)
@@ -187,7 +188,7 @@ def test_spot_is_chosen_at_a_loose_deadline_and_rejected_at_a_tight_one() -> Non
     # The same plan on spot is far cheaper on average, and without an interruption it
     # would be on time; the interruption risk pushes its p95 past the deadline.
     twin = tight.plan.on_market("spot")
-    risky = Simulator(cat, profile(), samples=400).run(twin)
+    risky = PlanSimulator(cat, profile(), samples=400).run(twin)
     assert risky.cost_mean < 0.5 * tight.outcome.cost_mean
     assert np.all(risky.jct[risky.interruptions == 0] <= 45 * 60)
     assert risky.jct_q > 45 * 60
@@ -203,15 +204,15 @@ def test_spot_is_chosen_at_a_loose_deadline_and_rejected_at_a_tight_one() -> Non
 @pytest.mark.parametrize(("rate", "deadline_min"), [(2.0, 60), (0.5, 45), (1.0, 50)])
 def test_spot_plans_meet_the_p95_deadline_on_fresh_seeds(rate: float, deadline_min: int) -> None:
     cat = catalog(rate=rate)
-    sim = Simulator(cat, profile(0.05), samples=200)
+    sim = PlanSimulator(cat, profile(0.05), samples=200)
     result = RubberBand(sim, ["p3.8xlarge"], deadline=deadline_min * 60, spot=True).plan(JOB)
     assert result.feasible and any(s.market == "spot" for s in result.plan.stages)
-    fresh = Simulator(cat, profile(0.05), samples=4000, seed=20_240_611).run(result.plan)
+    fresh = PlanSimulator(cat, profile(0.05), samples=4000, seed=20_240_611).run(result.plan)
     assert np.mean(fresh.jct <= deadline_min * 60) >= 0.95
 
 
 def test_a_one_stage_switch_to_spot_in_the_neighbourhood() -> None:
-    sim = Simulator(catalog(rate=0.015), profile(), samples=50)
+    sim = PlanSimulator(catalog(rate=0.015), profile(), samples=50)
     planner = RubberBand(sim, ["p3.8xlarge"], deadline=3600, spot=True)
     plan = example((4, 4, 4))
     chains = [JOB]
@@ -227,7 +228,7 @@ def test_a_one_stage_switch_to_spot_in_the_neighbourhood() -> None:
 
 
 def test_spot_needs_a_type_with_spot_prices() -> None:
-    sim = Simulator(catalog(rate=None), profile(), samples=2)
+    sim = PlanSimulator(catalog(rate=None), profile(), samples=2)
     with pytest.raises(SpecError, match=r"compute.spot: none of the instance types \(p3.8xlarge\)"):
         RubberBand(sim, ["p3.8xlarge"], spot=True)
     with pytest.raises(ValueError, match="spot_confidence must lie in"):

@@ -10,18 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planners.cost.profile import Profile
 from planners.packing import (
     Assignment,
     DynamicFluid,
     Packer,
-    Profile,
     Schedule,
     StaticFluid,
     Work,
     fifo_makespan,
 )
 
-SUBLINEAR = Profile({2: 1.8, 4: 3.2})
+SUBLINEAR = Profile.from_speeds({2: 1.8, 4: 3.2})
 HOUR = 3600.0
 
 
@@ -96,8 +96,8 @@ def test_fifo_leaves_half_the_pool_idle():
 
 def test_multiplexing_runs_eight_trials_at_once_on_four_gpus():
     group = group_of([1] * 8, HOUR)
-    alone = StaticFluid(Profile(), gpus=4).pack(group)
-    shared_packer = StaticFluid(Profile(sharing={2: 0.85}), gpus=4, max_share=2)
+    alone = StaticFluid(Profile.from_speeds(), gpus=4).pack(group)
+    shared_packer = StaticFluid(Profile.from_speeds(sharing={2: 0.85}), gpus=4, max_share=2)
     shared = shared_packer.pack(group)
     check_valid(shared_packer, group, shared)
     assert alone.makespan == 2 * HOUR
@@ -108,7 +108,7 @@ def test_multiplexing_runs_eight_trials_at_once_on_four_gpus():
 
 
 def test_sharing_that_does_not_pay_is_never_chosen():
-    packer = StaticFluid(Profile(sharing={2: 0.4}), gpus=4, max_share=2)
+    packer = StaticFluid(Profile.from_speeds(sharing={2: 0.4}), gpus=4, max_share=2)
     assert Fraction(1, 2) not in packer.widths
     assert set(packer.pack(group_of([1] * 8, HOUR)).widths.values()) == {1.0}
 
@@ -157,8 +157,9 @@ def test_linear_dynamic_example_meets_the_lower_bound():
 def test_rescale_happens_only_when_it_saves_more_than_it_costs():
     group = group_of([12, 4, 4], HOUR)
     # Widening at t=4 h saves 2.67 - 1.5 = 1.17 h of trial 0's time.
-    cheap = DynamicFluid(Profile({2: 1.8, 4: 3.2}, rescale_seconds=HOUR), gpus=4).pack(group)
-    dear = DynamicFluid(Profile({2: 1.8, 4: 3.2}, rescale_seconds=1.2 * HOUR), gpus=4).pack(group)
+    cheap = DynamicFluid(Profile.from_speeds({2: 1.8, 4: 3.2}, overhead_s=HOUR), gpus=4)
+    dear = DynamicFluid(Profile.from_speeds({2: 1.8, 4: 3.2}, overhead_s=1.2 * HOUR), gpus=4)
+    cheap, dear = cheap.pack(group), dear.pack(group)
     assert cheap.widths[0] == 4 and cheap.makespan == pytest.approx(6.5 * HOUR)
     assert dear.widths[0] == 2 and dear.makespan == pytest.approx(12 / 1.8 * HOUR)
 
@@ -234,9 +235,12 @@ def test_fixed_widths_are_kept():
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: Profile({2: 0.0}), r"speedup S\(2\) must be > 0, got 0.0"),
-        (lambda: Profile(sharing={2: 1.5}), r"sharing sigma\(2\) must lie in"),
-        (lambda: Profile(sharing={2: 0.6, 3: 0.7}), r"sigma\(3\) must lie in \(0, 0.6\]"),
+        (lambda: Profile.from_speeds({2: 0.0}), r"speedup S\(2\) must be > 0, got 0.0"),
+        (lambda: Profile.from_speeds(sharing={2: 1.5}), r"sharing sigma\(2\) must lie in"),
+        (
+            lambda: Profile.from_speeds(sharing={2: 0.6, 3: 0.7}),
+            r"sigma\(3\) must lie in \(0, 0.6\]",
+        ),
         (lambda: Work(0, 0, 1.0), "resource of trial 0 must be > 0"),
         (lambda: Work(0, 1, -1.0), "seconds_per_unit of trial 0 must be > 0"),
     ],
@@ -247,7 +251,7 @@ def test_model_values_are_validated(make, message):
 
 
 def test_events_are_checked():
-    packer = DynamicFluid(Profile(), gpus=2)
+    packer = DynamicFluid(Profile.from_speeds(), gpus=2)
     packer.submit(group_of([1]), now=5.0)
     with pytest.raises(ValueError, match="trial 0 is already in a group"):
         packer.submit(group_of([1]), now=5.0)
@@ -273,7 +277,7 @@ def sublinear_profiles(draw: st.DrawFn) -> Profile:
         gain = draw(st.floats(1.0, gain))
         s *= gain
         speedup[g] = s
-    return Profile(speedup)
+    return Profile.from_speeds(speedup)
 
 
 @settings(max_examples=400, deadline=None)
@@ -296,9 +300,9 @@ def test_makespan_is_within_twice_the_lower_bound(pool, profile, heights, dynami
 
 SHARING = st.sampled_from(
     [
-        (Profile({2: 1.9, 4: 3.5, 8: 6.0}, sharing={2: 0.85, 4: 0.4}), 4),
-        (Profile({2: 1.3, 4: 1.5}, sharing={2: 0.6, 3: 0.45}), 3),
-        (Profile(sharing={2: 0.9}), 2),
+        (Profile.from_speeds({2: 1.9, 4: 3.5, 8: 6.0}, sharing={2: 0.85, 4: 0.4}), 4),
+        (Profile.from_speeds({2: 1.3, 4: 1.5}, sharing={2: 0.6, 3: 0.45}), 3),
+        (Profile.from_speeds(sharing={2: 0.9}), 2),
     ]
 )
 
@@ -326,7 +330,7 @@ def test_with_sharing_no_rigid_schedule_meets_twice_the_bound():
     trial shares a GPU, its height term that the tallest runs wide; both cannot happen.
     Three 1 h trials on 4 GPUs, sharing free: LB = 3 * 0.5 / 4 = 0.375 h, yet every choice
     of widths needs max(area / M, tallest) >= 0.79 h."""
-    profile = Profile({2: 1.9, 4: 3.5}, sharing={2: 1.0})
+    profile = Profile.from_speeds({2: 1.9, 4: 3.5}, sharing={2: 1.0})
     packer = StaticFluid(profile, gpus=4, max_share=2)
     group = group_of([1.0] * 3)
     best = min(

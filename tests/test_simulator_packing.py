@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from planners.packing import Profile
+from planners.cost.profile import Profile
 from planners.simulator import Curve, Packing, simulate
 from planners.spec import parse_job
 
@@ -45,7 +45,11 @@ HYPERBAND = job({"name": "hyperband", "eta": 3, "min_resource": 1, "max_resource
 def test_packing_shortens_synchronous_stages_and_changes_no_decision(spec, policy):
     alone = simulate(spec, Toy(), workers=8, seed=0)
     packed = simulate(
-        spec, Toy(), workers=8, seed=0, packing=Packing(policy, Profile(S), gpus_per_node=8)
+        spec,
+        Toy(),
+        workers=8,
+        seed=0,
+        packing=Packing(policy, Profile.from_speeds(S), gpus_per_node=8),
     )
     # The top rungs leave GPUs idle without packing; widening the survivors uses them.
     assert packed.simulated_seconds < alone.simulated_seconds
@@ -66,7 +70,9 @@ def test_linear_scaling_costs_no_extra_gpu_time(policy):
 def test_a_lone_trial_runs_on_the_widest_width_the_profile_covers():
     spec = job({"name": "sha", "eta": 3, "min_resource": 9, "max_resource": 9, "max_trials": 1})
     alone = simulate(spec, Toy(), workers=8, seed=0)
-    packed = simulate(spec, Toy(), workers=8, seed=0, packing=Packing("static", Profile(S)))
+    packed = simulate(
+        spec, Toy(), workers=8, seed=0, packing=Packing("static", Profile.from_speeds(S))
+    )
     assert packed.simulated_seconds == pytest.approx(alone.simulated_seconds / 5.6)
     assert packed.gpu_seconds == pytest.approx(8 * packed.simulated_seconds)
     # Its observations keep their order, spread over its shorter run.
@@ -75,10 +81,15 @@ def test_a_lone_trial_runs_on_the_widest_width_the_profile_covers():
 
 
 def test_a_deadline_cuts_a_packed_run():
-    full = simulate(SHA, Toy(), workers=8, seed=0, packing=Packing(profile=Profile(S)))
+    full = simulate(SHA, Toy(), workers=8, seed=0, packing=Packing(profile=Profile.from_speeds(S)))
     deadline = full.simulated_seconds / 2
     cut = simulate(
-        SHA, Toy(), workers=8, seed=0, deadline=deadline, packing=Packing(profile=Profile(S))
+        SHA,
+        Toy(),
+        workers=8,
+        seed=0,
+        deadline=deadline,
+        packing=Packing(profile=Profile.from_speeds(S)),
     )
     assert cut.simulated_seconds == deadline
     assert cut.results < full.results

@@ -14,8 +14,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from planners.cost.profile import Profile as CostProfile
-from planners.packing import Profile
+from planners.cost.profile import Profile
 from planners.plan import Plan, Stage, compile_plan
 from planners.schedulers.base import Segment
 from planners.spec import parse_job
@@ -52,7 +51,7 @@ def test_survivors_of_the_top_rungs_take_the_idle_gpus():
     # 24 -> 8 -> 3 -> 1 trials on 8 GPUs; data-parallel scaling is sublinear.
     ladder = enumerate([24, 8, 3, 1])
     plan = Plan(tuple(Stage(0, k, n, 3 ** (k - 1) if k else 0, 3**k) for k, n in ladder), 8)
-    packer = StagePacker(plan, Profile({2: 1.8, 4: 3.2, 8: 5.6}), gpus=8)
+    packer = StagePacker(plan, Profile.from_speeds({2: 1.8, 4: 3.2, 8: 5.6}), gpus=8)
     trial = iter(range(1000))
     widths = []
     for stage in plan.stages:
@@ -106,7 +105,7 @@ def test_widths_stay_on_one_node_and_within_the_cap():
     assert admit(StagePacker(plan, Profile.linear(8), gpus=8, gpus_per_node=2), top, []) == [2.0]
     assert admit(StagePacker(plan, Profile.linear(8), gpus=8, max_width=4), top, []) == [4.0]
     # A width the profile does not cover is never chosen: 3 GPUs free, the profile has 1, 2.
-    assert admit(StagePacker(plan, Profile({2: 1.9}), gpus=3), top, []) == [2.0]
+    assert admit(StagePacker(plan, Profile.from_speeds({2: 1.9}), gpus=3), top, []) == [2.0]
 
 
 def test_a_stage_that_starts_while_others_run_packs_over_what_they_left():
@@ -124,22 +123,22 @@ def test_a_stage_that_starts_while_others_run_packs_over_what_they_left():
 def test_gpu_sharing_only_where_it_pays():
     plan = Plan((Stage(0, 0, 8, 0, 1),), workers=2)
     rung0 = segments(plan.stages[0], range(8))
-    pays = StagePacker(plan, Profile(sharing={2: 0.8}), gpus=2)
+    pays = StagePacker(plan, Profile.from_speeds(sharing={2: 0.8}), gpus=2)
     assert admit(pays, rung0, []) == [0.5] * 4  # two per GPU: 2 x 0.8 > 1
     assert pays.demand(plan.stages) == (4, 0.5)
-    slower = StagePacker(plan, Profile(sharing={2: 0.4}), gpus=2)
+    slower = StagePacker(plan, Profile.from_speeds(sharing={2: 0.4}), gpus=2)
     assert admit(slower, rung0, []) == [1.0] * 2
 
 
 def test_the_job_profile_becomes_the_packers():
     # 3 GPUs is measured too: any whole count the profile has is a width.
-    profile = CostProfile({0.5: 1.25, 1: 1.0, 2: 0.55, 4: 0.3125, 3: 0.4}).fluid()
-    assert profile is not None
+    profile = Profile({0.5: 1.25, 1: 1.0, 2: 0.55, 4: 0.3125, 3: 0.4})
+    assert profile.packable
     assert profile.speedup == pytest.approx({1: 1.0, 2: 1 / 0.55, 3: 2.5, 4: 3.2})
     assert profile.sharing == pytest.approx({2: 0.8})
-    assert CostProfile({2: 0.5, 4: 0.3}).fluid() is None  # no timing on one GPU
+    assert not Profile({2: 0.5, 4: 0.3}).packable  # no timing on one GPU
     # A share that claims to run faster than a whole GPU is not trusted.
-    assert CostProfile({0.5: 0.5, 1: 1.0}).fluid().sharing == {}
+    assert Profile({0.5: 0.5, 1: 1.0}).sharing == {}
 
 
 def test_no_speedup_or_no_data_parallel_trainable_keeps_todays_admission():
@@ -157,15 +156,15 @@ def test_no_speedup_or_no_data_parallel_trainable_keeps_todays_admission():
 
 def test_a_stage_planned_below_one_gpu_still_runs_on_one():
     plan = Plan((Stage(0, 0, 2, 0, 1, slots=1, gpus_per_trial=0.5),), workers=1)
-    packer = StagePacker(plan, Profile({2: 1.8}, sharing={2: 0.8}), gpus=1)
+    packer = StagePacker(plan, Profile.from_speeds({2: 1.8}, sharing={2: 0.8}), gpus=1)
     assert admit(packer, segments(plan.stages[0], range(2)), []) == [0.5, 0.5]
 
 
 def test_bad_arguments_name_the_value():
     with pytest.raises(ValueError, match="gpus must be an integer >= 1, got 0"):
-        StagePacker(Plan((), workers=1), Profile(), gpus=0)
+        StagePacker(Plan((), workers=1), Profile.from_speeds(), gpus=0)
     with pytest.raises(ValueError, match="max_share 3 is not covered"):
-        StagePacker(Plan((), workers=1), Profile(sharing={2: 0.8}), gpus=1, max_share=3)
+        StagePacker(Plan((), workers=1), Profile.from_speeds(sharing={2: 0.8}), gpus=1, max_share=3)
 
 
 @pytest.mark.slow

@@ -2,6 +2,32 @@
 
 ``plan_job(spec, planner, catalog)`` is the entry point; ``draw_gantt`` (in
 ``planners.cost.gantt``, which imports matplotlib) draws its report.
+
+The modules, from the inputs up: ``catalog`` and ``billing`` (instance types and their
+prices), ``profile`` (the speed profile that the cost planner, the Fluid packer and the
+tuning simulator share), ``allocation`` (plans: GPUs per trial, instance type and nodes per
+stage), ``simulate`` (``PlanSimulator``: JCT and cost by Monte Carlo, with ``draws``,
+``pool``, ``outcome`` and ``trace``), the planners ``rubberband`` (with ``sizing``) and
+``seer``, the ``baselines``, and ``job`` and ``report`` (a job file in, a report out).
+
+Example (a small SHA job on the built-in catalog: one GPU per trial on one node is the
+cheapest plan that meets the two-hour deadline):
+    >>> from planners.spec import parse_job
+    >>> spec = parse_job({"name": "small", "trainable": "m:f", "metric": "acc",
+    ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
+    ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9},
+    ...     "budget": {"deadline": "2h"},
+    ...     "compute": {"instance_types": ["g5.xlarge", "g5.12xlarge"]},
+    ...     "profile": {"seconds_per_unit": {1: 300}, "speedup": {2: 1.8, 4: 3.2}}})
+    >>> report = plan_job(spec, catalog=read_catalog())
+    >>> report.feasible, report.to_dict()["jct_s"]["p95"] <= 2 * 3600
+    (True, True)
+    >>> for row in report.rows:
+    ...     a = row.allocation
+    ...     print(row.name, a.trials, "x", a.gpus_per_trial, "GPU on", a.instances, a.instance_type)
+    b0-r0 9 x 1.0 GPU on 1 g5.xlarge
+    b0-r1 3 x 1.0 GPU on 1 g5.xlarge
+    b0-r2 1 x 1.0 GPU on 1 g5.xlarge
 """
 
 from planners.cost.catalog import Catalog, parse_catalog, read_catalog

@@ -17,11 +17,11 @@ Example:
     >>> from planners.cost.catalog import parse_catalog
     >>> from planners.cost.profile import Profile
     >>> from planners.cost.rubberband import RubberBand
-    >>> from planners.cost.simulate import Simulator
+    >>> from planners.cost.simulate import PlanSimulator
     >>> from planners.plan import Stage
     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
-    >>> simulator = Simulator(catalog, Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}))
+    >>> simulator = PlanSimulator(catalog, Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}))
     >>> job = [Stage(0, 0, 8, 0, 1), Stage(0, 1, 4, 1, 3), Stage(0, 2, 2, 3, 7)]
     >>> plan = RubberBand(simulator, ["p3.8xlarge"], deadline=36 * 60).plan(job).plan
     >>> static = static_pool(simulator, plan, "p3.8xlarge", 4)    # ALGORITHMS.md §5.6
@@ -37,8 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planners.cost.allocation import AllocationPlan, StagePlan
-from planners.cost.rubberband import fastest_stage, split
-from planners.cost.simulate import Outcome, Simulator
+from planners.cost.outcome import Outcome
+from planners.cost.simulate import PlanSimulator
+from planners.cost.sizing import fastest_stage, split
 from planners.plan import Stage
 
 
@@ -57,7 +58,7 @@ class Baseline:
 
 
 def static_pool(
-    simulator: Simulator,
+    simulator: PlanSimulator,
     plan: AllocationPlan,
     instance_type: str,
     nodes: int,
@@ -95,7 +96,7 @@ def static_pool(
     return AllocationPlan(tuple(chains), hold=True)
 
 
-def peak_gpus(plan: AllocationPlan, simulator: Simulator) -> int:
+def peak_gpus(plan: AllocationPlan, simulator: PlanSimulator) -> int:
     """GPUs the plan holds at most: the sum over brackets of each one's largest pool."""
     return sum(
         max(s.instances * simulator.catalog.get(s.instance_type).gpus for s in chain)
@@ -104,7 +105,7 @@ def peak_gpus(plan: AllocationPlan, simulator: Simulator) -> int:
 
 
 def static_baselines(
-    simulator: Simulator,
+    simulator: PlanSimulator,
     plan: AllocationPlan,
     instance_types: Sequence[str],
     *,
@@ -137,7 +138,7 @@ def static_baselines(
 
 
 def _priced(
-    simulator: Simulator, plan: AllocationPlan, instance_type: str, nodes: int, limit: float
+    simulator: PlanSimulator, plan: AllocationPlan, instance_type: str, nodes: int, limit: float
 ) -> Baseline | None:
     static = static_pool(simulator, plan, instance_type, nodes)
     if static is None:

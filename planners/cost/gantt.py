@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -34,9 +35,11 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.patches import Patch, Rectangle
 
 from planners.cost.report import PlanReport, format_duration
+from planners.cost.trace import NodeSpan, Trace
 
 _PAD = 0.08  # vertical gap between instance rows, in row heights
 
@@ -53,7 +56,6 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
         raise ValueError("the report has no trace to draw")
     path = Path(path)
     nodes = sorted(trace.nodes, key=lambda n: (n.bracket, n.requested, n.node))
-    row = {n.node: i for i, n in enumerate(nodes)}
     horizon = max(trace.jct, report.deadline_s or 0.0, float(report.outcome.jct_q))
     unit, unit_name = _scale(horizon)
 
@@ -69,12 +71,34 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
         sharex=True,
         gridspec_kw={"height_ratios": [height, 2.4], "hspace": 0.08},
     )
+    _draw_instances(ax, trace, nodes, colour, unit, horizon)
+    _label_rows(ax, nodes, len(report.plan.chains) > 1, horizon * 1.06 / unit)
+    _mark_times(ax, spend_ax, report, unit)
+    _draw_spend(spend_ax, report, trace, nodes, (unit, unit_name))
+    _draw_legend(ax, report, colour, nodes)
+    fig.suptitle(_dollars(_title(report)), fontsize=11, x=0.01, ha="left")
+    fig.subplots_adjust(top=1 - 0.55 / (height + 2.4))  # title close to the chart
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _draw_instances(
+    ax: Axes,
+    trace: Trace,
+    nodes: list[NodeSpan],
+    colour: dict[tuple[int, int], Any],
+    unit: float,
+    horizon: float,
+) -> None:
+    """One row per instance: its billed lifetime (hatched while starting), then the
+    trials on it, each a box as tall as its share of the node's GPUs."""
+    row = {n.node: i for i, n in enumerate(nodes)}
 
     def box(start: float, end: float, top: float, tall: float, **style: object) -> None:
         """A box over seconds ``start``..``end``, ``tall`` row heights from ``top``."""
         ax.add_patch(Rectangle((start / unit, top), (end - start) / unit, tall, **style))
 
-    # Instances: billed lifetime (hatched while starting), then the trials on them.
     for n in nodes:
         y = row[n.node] + _PAD / 2
         lifetime = {"facecolor": "#f2f2f2", "edgecolor": "#bbbbbb", "linewidth": 0.5}
@@ -111,8 +135,10 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
                 va="center",
             )
 
-    # Rows: label every instance when they fit, else every k-th; brackets separated.
-    several = len(report.plan.chains) > 1
+
+def _label_rows(ax: Axes, nodes: list[NodeSpan], several: bool, right: float) -> None:
+    """Label every instance when they fit, else every k-th; brackets separated (and named
+    when there are ``several``); the time axis runs to ``right``."""
     step = max(1, len(nodes) // 60)
     ax.set_yticks([i + 0.5 for i in range(0, len(nodes), step)])
     ax.set_yticklabels(
@@ -128,14 +154,16 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
         if nodes[i].bracket != nodes[i - 1].bracket:
             ax.axhline(i, color="#555555", linewidth=0.8)
     ax.set_ylim(len(nodes), 0)
-    ax.set_xlim(0, horizon * 1.06 / unit)
+    ax.set_xlim(0, right)
     ax.set_ylabel("instances")
     ax.grid(axis="x", color="#dddddd", linewidth=0.5)
     ax.set_axisbelow(True)
 
-    jct = report.outcome.summary(report.outcome.jct)
-    cost = report.outcome.summary(report.outcome.cost)
-    marks = [(jct["p95"], "#333333", ":", f"p95 JCT {format_duration(jct['p95'])}")]
+
+def _mark_times(ax: Axes, spend_ax: Axes, report: PlanReport, unit: float) -> None:
+    """The p95 JCT and the deadline as vertical lines across both charts."""
+    p95 = report.outcome.summary(report.outcome.jct)["p95"]
+    marks = [(p95, "#333333", ":", f"p95 JCT {format_duration(p95)}")]
     if report.deadline_s:
         deadline = format_duration(report.deadline_s)
         marks.append((report.deadline_s, "#d62728", "--", f"deadline {deadline}"))
@@ -155,7 +183,17 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
             bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},
         )
 
-    # Spend: list price accrues while instances are held; the billed total closes it.
+
+def _draw_spend(
+    spend_ax: Axes,
+    report: PlanReport,
+    trace: Trace,
+    nodes: list[NodeSpan],
+    scale: tuple[float, str],
+) -> None:
+    """Money spent so far (list price accrues while instances are held; the billed total
+    closes it), the budget, and the GPUs held; ``scale`` is the time axis' unit."""
+    unit, unit_name = scale
     times = np.linspace(0, trace.jct, 400)
     held = np.zeros_like(times)
     spent = np.zeros_like(times)
@@ -178,24 +216,7 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
         fontsize=8,
         color="#1f77b4",
     )
-    top = trace.cost * 1.25 or 1.0
-    if report.budget_usd and report.budget_usd <= 2.5 * trace.cost:
-        top = max(top, report.budget_usd * 1.1)
-        spend_ax.axhline(report.budget_usd, color="#d62728", linestyle="--", linewidth=1)
-    if report.budget_usd:
-        # A budget far above the spend would flatten the curve: say it instead of drawing it.
-        shown = report.budget_usd <= top
-        text = _dollars(f"budget ${report.budget_usd:,.2f}") + ("" if shown else " (off scale)")
-        spend_ax.text(
-            0.5,
-            report.budget_usd / top if shown else 0.97,
-            text,
-            transform=spend_ax.transAxes,
-            color="#d62728",
-            fontsize=8,
-            ha="center",
-            va="bottom" if shown else "top",
-        )
+    top = _draw_budget(spend_ax, report.budget_usd, trace.cost)
     spend_ax.set_ylabel("USD spent")
     spend_ax.set_ylim(0, top)
     gpu_ax = spend_ax.twinx()
@@ -209,6 +230,34 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
         handles=handles, loc="upper left", bbox_to_anchor=(1.07, 1.0), fontsize=8, frameon=False
     )
 
+
+def _draw_budget(spend_ax: Axes, budget: float | None, billed: float) -> float:
+    """The budget on the spend chart; returns the chart's top in dollars."""
+    top = billed * 1.25 or 1.0
+    if budget and budget <= 2.5 * billed:
+        top = max(top, budget * 1.1)
+        spend_ax.axhline(budget, color="#d62728", linestyle="--", linewidth=1)
+    if budget:
+        # A budget far above the spend would flatten the curve: say it instead of drawing it.
+        shown = budget <= top
+        text = _dollars(f"budget ${budget:,.2f}") + ("" if shown else " (off scale)")
+        spend_ax.text(
+            0.5,
+            budget / top if shown else 0.97,
+            text,
+            transform=spend_ax.transAxes,
+            color="#d62728",
+            fontsize=8,
+            ha="center",
+            va="bottom" if shown else "top",
+        )
+    return top
+
+
+def _draw_legend(
+    ax: Axes, report: PlanReport, colour: dict[tuple[int, int], Any], nodes: list[NodeSpan]
+) -> None:
+    """Every stage's allocation, the startup hatching and, with spot nodes, their crosses."""
     legend = []
     for stage, allocation in _stage_labels(report).items():
         legend.append(Patch(facecolor=colour.get(stage, "#cccccc"), label=allocation))
@@ -231,21 +280,18 @@ def draw_gantt(report: PlanReport, path: str | Path) -> Path:
         title="stage · trials × GPUs · instances",
         title_fontsize=8,
     )
+
+
+def _title(report: PlanReport) -> str:
+    """The planner, the Monte Carlo p50/p95 of JCT and cost, and the verdict."""
+    jct = report.outcome.summary(report.outcome.jct)
+    cost = report.outcome.summary(report.outcome.cost)
     verdict = "feasible" if report.feasible else "INFEASIBLE"
-    fig.suptitle(
-        _dollars(
-            f"elastune plan ({report.planner}): JCT p50 {format_duration(jct['p50'])} / "
-            f"p95 {format_duration(jct['p95'])}, cost p50 ${cost['p50']:,.2f} / "
-            f"p95 ${cost['p95']:,.2f}, {verdict}"
-        ),
-        fontsize=11,
-        x=0.01,
-        ha="left",
+    return (
+        f"elastune plan ({report.planner}): JCT p50 {format_duration(jct['p50'])} / "
+        f"p95 {format_duration(jct['p95'])}, cost p50 ${cost['p50']:,.2f} / "
+        f"p95 ${cost['p95']:,.2f}, {verdict}"
     )
-    fig.subplots_adjust(top=1 - 0.55 / (height + 2.4))  # title close to the chart
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
 
 
 def _dollars(text: str) -> str:

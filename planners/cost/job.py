@@ -29,15 +29,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NamedTuple
 
+from planners.cost.allocation import AllocationPlan
 from planners.cost.baselines import static_baselines
 from planners.cost.catalog import Catalog, read_catalog
+from planners.cost.outcome import Outcome
 from planners.cost.profile import Profile
 from planners.cost.report import PlanReport, Problem, format_duration, rows_for
-from planners.cost.rubberband import RubberBand
+from planners.cost.rubberband import Move, RubberBand
 from planners.cost.seer import Seer
-from planners.cost.simulate import Simulator
+from planners.cost.simulate import PlanSimulator
 from planners.plan import compile_plan
 from planners.spec import JobSpec, SpecError
 
@@ -92,79 +94,18 @@ def plan_job(
         seed: Seed of the simulated stragglers and delays.
         packing: Price every stage as Fluid packs it onto its nodes (the staged flow's
             stage packer): trials take the widths StaticFluid chooses over the stage's
-            GPUs instead of the plan's GPUs per trial (``Simulator(packing=True)``).
+            GPUs instead of the plan's GPUs per trial (``PlanSimulator(packing=True)``).
     """
     if planner not in PLANNERS:
         raise SpecError(f"--planner: unknown planner {planner!r} (use rubberband or seer)")
     catalog = catalog if catalog is not None else read_catalog()
     profile = profile if profile is not None else job_profile(spec)
     names = instance_types(spec, catalog, profile)
-    simulator = Simulator(catalog, profile, samples=samples, seed=seed, packing=packing)
+    simulator = PlanSimulator(catalog, profile, samples=samples, seed=seed, packing=packing)
+    planned = (_rubberband if planner == "rubberband" else _seer)(spec, simulator, names)
+    plan, outcome = planned.plan, planned.outcome
     deadline, budget = spec.budget.deadline, spec.budget.max_cost_usd
     max_gpus = spec.compute.max_gpus
-    problems: list[Problem] = []
-    details: dict[str, object] = {}
-
-    if planner == "rubberband":
-        rubberband = RubberBand(
-            simulator, names, deadline=deadline, max_gpus=max_gpus, spot=spec.compute.spot
-        )
-        result = rubberband.plan(compile_plan(spec).stages)
-        plan, outcome = result.plan, result.outcome
-        if result.smallest_deadline is not None:
-            problems.append(_unmet("budget.deadline", deadline, result.smallest_deadline))
-        elif budget is not None and outcome.cost_q > budget:
-            problems.append(
-                _unmet("budget.max_cost_usd", budget, math.ceil(outcome.cost_q * 100) / 100)
-            )
-        if spec.compute.spot:
-            spot = any(stage.market == "spot" for stage in plan.stages)
-            details["spot_feasibility"] = {
-                "rule": (
-                    "a plan with spot stages meets the deadline at the one-sided "
-                    f"{rubberband.spot_confidence:.0%} upper confidence bound of its p95 JCT"
-                ),
-                "jct_s_judged": round(rubberband.judged(outcome.jct, spot), 1),
-            }
-        details["search"] = {
-            "moves": [
-                {
-                    "gpus_per_trial": [list(chain) for chain in m.plan.gpus_per_trial],
-                    "jct_p95_s": round(m.jct, 1),
-                    "cost_mean_usd": round(m.cost, 4),
-                    "benefit_usd_per_s": m.benefit,
-                    **(
-                        {"spot": [s.name for s in m.plan.stages if s.market == "spot"]}
-                        if spec.compute.spot
-                        else {}
-                    ),
-                }
-                for m in result.moves
-            ]
-        }
-    else:
-        for field, value in (("budget.deadline", deadline), ("budget.max_cost_usd", budget)):
-            if value is None:
-                raise SpecError(f"{field}: the seer planner needs both a deadline and a budget")
-        s = spec.scheduler
-        seer = Seer(simulator, names, deadline=deadline, budget=budget, max_gpus=max_gpus)
-        result = seer.plan(s.max_resource, s.eta, s.min_resource)
-        plan, outcome = result.plan, result.outcome
-        if result.smallest_deadline is not None:
-            problems.append(_unmet("budget.deadline", deadline, result.smallest_deadline))
-        if result.smallest_budget is not None:
-            problems.append(_unmet("budget.max_cost_usd", budget, result.smallest_budget))
-        row = result.solution
-        details["seer"] = {
-            "stages": row.stages,
-            "stage_s": round(row.stage_hours * 3600, 1),
-            "units": list(row.units),
-            "trials": list(row.trials),
-            "instance_type": result.instance_type,
-        }
-        if spec.compute.spot:
-            details["seer"]["note"] = "the seer planner plans on-demand capacity (spot ignored)"
-
     baselines = static_baselines(simulator, plan, names, deadline=deadline, max_gpus=max_gpus)
     return PlanReport(
         planner,
@@ -176,11 +117,90 @@ def plan_job(
         deadline,
         budget,
         samples,
-        tuple(problems),
-        details,
+        planned.problems,
+        planned.details,
         simulator.trace(plan),
         spec.compute.spot,
     )
+
+
+class _Planned(NamedTuple):
+    """What a planner chose, the budget fields it cannot meet, and its report details."""
+
+    plan: AllocationPlan
+    outcome: Outcome
+    problems: tuple[Problem, ...]
+    details: dict[str, object]
+
+
+def _rubberband(spec: JobSpec, simulator: PlanSimulator, names: list[str]) -> _Planned:
+    """RubberBand's cheapest plan meeting the deadline; the budget is checked after."""
+    deadline, budget = spec.budget.deadline, spec.budget.max_cost_usd
+    spot = spec.compute.spot
+    rubberband = RubberBand(
+        simulator, names, deadline=deadline, max_gpus=spec.compute.max_gpus, spot=spot
+    )
+    result = rubberband.plan(compile_plan(spec).stages)
+    plan, outcome = result.plan, result.outcome
+    problems: list[Problem] = []
+    details: dict[str, object] = {}
+    if result.smallest_deadline is not None:
+        problems.append(_unmet("budget.deadline", deadline, result.smallest_deadline))
+    elif budget is not None and outcome.cost_q > budget:
+        problems.append(
+            _unmet("budget.max_cost_usd", budget, math.ceil(outcome.cost_q * 100) / 100)
+        )
+    if spot:
+        on_spot = any(stage.market == "spot" for stage in plan.stages)
+        details["spot_feasibility"] = {
+            "rule": (
+                "a plan with spot stages meets the deadline at the one-sided "
+                f"{rubberband.spot_confidence:.0%} upper confidence bound of its p95 JCT"
+            ),
+            "jct_s_judged": round(rubberband.judged(outcome.jct, on_spot), 1),
+        }
+    details["search"] = {"moves": [_move(m, spot) for m in result.moves]}
+    return _Planned(plan, outcome, tuple(problems), details)
+
+
+def _move(move: Move, spot: bool) -> dict[str, object]:
+    """One plan on RubberBand's greedy path, as the report lists it."""
+    out: dict[str, object] = {
+        "gpus_per_trial": [list(chain) for chain in move.plan.gpus_per_trial],
+        "jct_p95_s": round(move.jct, 1),
+        "cost_mean_usd": round(move.cost, 4),
+        "benefit_usd_per_s": move.benefit,
+    }
+    if spot:
+        out["spot"] = [s.name for s in move.plan.stages if s.market == "spot"]
+    return out
+
+
+def _seer(spec: JobSpec, simulator: PlanSimulator, names: list[str]) -> _Planned:
+    """SEER's plan with the most trials meeting both the deadline and the budget."""
+    deadline, budget = spec.budget.deadline, spec.budget.max_cost_usd
+    for field, value in (("budget.deadline", deadline), ("budget.max_cost_usd", budget)):
+        if value is None:
+            raise SpecError(f"{field}: the seer planner needs both a deadline and a budget")
+    s = spec.scheduler
+    seer = Seer(simulator, names, deadline=deadline, budget=budget, max_gpus=spec.compute.max_gpus)
+    result = seer.plan(s.max_resource, s.eta, s.min_resource)
+    problems: list[Problem] = []
+    if result.smallest_deadline is not None:
+        problems.append(_unmet("budget.deadline", deadline, result.smallest_deadline))
+    if result.smallest_budget is not None:
+        problems.append(_unmet("budget.max_cost_usd", budget, result.smallest_budget))
+    row = result.solution
+    seer_details: dict[str, object] = {
+        "stages": row.stages,
+        "stage_s": round(row.stage_hours * 3600, 1),
+        "units": list(row.units),
+        "trials": list(row.trials),
+        "instance_type": result.instance_type,
+    }
+    if spec.compute.spot:
+        seer_details["note"] = "the seer planner plans on-demand capacity (spot ignored)"
+    return _Planned(result.plan, result.outcome, tuple(problems), {"seer": seer_details})
 
 
 # What a budget field asks for, and how its values read in a message.

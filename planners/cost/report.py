@@ -16,7 +16,8 @@ import numpy as np
 from planners.cost.allocation import AllocationPlan
 from planners.cost.baselines import Baseline
 from planners.cost.catalog import Catalog
-from planners.cost.simulate import Outcome, Trace
+from planners.cost.outcome import Outcome
+from planners.cost.trace import Trace
 from planners.placement import place
 from planners.spec import SpecError
 

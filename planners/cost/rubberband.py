@@ -41,11 +41,11 @@ and billing, no slower, no dearer, no slower to start) are skipped.
 Example (ALGORITHMS.md §5.6):
     >>> from planners.cost.catalog import parse_catalog
     >>> from planners.cost.profile import Profile
-    >>> from planners.cost.simulate import Simulator
+    >>> from planners.cost.simulate import PlanSimulator
     >>> from planners.plan import Stage
     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
-    >>> simulator = Simulator(catalog, Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}))
+    >>> simulator = PlanSimulator(catalog, Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}))
     >>> job = [Stage(0, 0, 8, 0, 1), Stage(0, 1, 4, 1, 3), Stage(0, 2, 2, 3, 7)]
     >>> result = RubberBand(simulator, ["p3.8xlarge"], deadline=36 * 60).plan(job)
     >>> [m.plan.gpus_per_trial[0] for m in result.moves]
@@ -59,17 +59,24 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import groupby
 
 import numpy as np
 from numpy.typing import NDArray
 
-from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from planners.cost.catalog import MARKETS, Catalog, InstanceType
-from planners.cost.profile import Profile
-from planners.cost.simulate import Outcome, Simulator, upper_quantile
-from planners.cost.simulate import quantile as _quantile
-from planners.placement import place
+from planners.cost.allocation import AllocationPlan, StagePlan
+from planners.cost.catalog import MARKETS, InstanceType
+from planners.cost.outcome import Outcome, upper_quantile
+from planners.cost.outcome import quantile as _quantile
+from planners.cost.simulate import PlanSimulator
+from planners.cost.sizing import (
+    build_stage,
+    chain_work,
+    chains_of,
+    fastest_stage,
+    fewer_nodes,
+    shrink_pool,
+    split,
+)
 from planners.plan import Stage
 from planners.spec import SpecError
 
@@ -95,120 +102,6 @@ class RubberBandResult:
     feasible: bool
     smallest_deadline: float | None  # seconds; set when the deadline cannot be met
     moves: tuple[Move, ...]
-
-
-def chains_of(stages: Sequence[Stage]) -> list[list[Stage]]:
-    """The job's stages grouped into one chain per bracket, in rung order."""
-    ordered = sorted(stages, key=lambda s: (s.bracket, s.rung))
-    return [list(chain) for _, chain in groupby(ordered, key=lambda s: s.bracket)]
-
-
-def split(total: int, weights: Sequence[float]) -> list[int] | None:
-    """``total`` split in proportion to ``weights`` (largest remainder), at least 1 each.
-
-    None when ``total`` is smaller than the number of parts.
-    """
-    if total < len(weights):
-        return None
-    spare = total - len(weights)
-    exact = [spare * w / sum(weights) for w in weights]
-    shares = [1 + math.floor(x) for x in exact]
-    by_remainder = sorted(range(len(weights)), key=lambda i: -(exact[i] - math.floor(exact[i])))
-    for i in by_remainder[: total - sum(shares)]:
-        shares[i] += 1
-    return shares
-
-
-def chain_work(chain: Sequence[Stage]) -> float:
-    """Resource units trained by a chain, resuming from checkpoints."""
-    return sum(stage.work for stage in chain)
-
-
-def per_node(instance: InstanceType, gpus: float) -> int:
-    """Trials of ``gpus`` GPUs that fit one node (co-located, best fit)."""
-    return int(instance.gpus / gpus + 1e-9)
-
-
-def nodes_for(trials: int, slots_per_node: int, waves: int) -> int:
-    """The fewest nodes that run ``trials`` in ``waves`` waves."""
-    return math.ceil(math.ceil(trials / waves) / slots_per_node)
-
-
-def wave_nodes(trials: int, slots_per_node: int, nodes: int | None) -> int:
-    """The fewest nodes that run ``trials`` in as few waves as ``nodes`` nodes do (all at
-    once when ``nodes`` is None): more nodes would only idle in the last wave."""
-    waves = 1 if nodes is None else math.ceil(trials / (nodes * slots_per_node))
-    return nodes_for(trials, slots_per_node, waves)
-
-
-def build_stage(
-    stage: Stage,
-    gpus: float,
-    instance: InstanceType,
-    cap: int | None,
-    hold: bool = False,
-    market: str = "on-demand",
-) -> StagePlan:
-    """``stage`` on ``gpus`` GPUs per trial, in as few waves as ``cap`` nodes allow (all at
-    once without a cap) on the fewest nodes that do it, or on exactly ``cap`` nodes when
-    ``hold`` (a static pool), on ``market``."""
-    if hold and cap is not None:
-        nodes = cap
-    else:
-        nodes = wave_nodes(stage.trials, per_node(instance, gpus), cap)
-    tier = GpuTier(stage.trials, gpus, stage.stop - stage.start, stage.start)
-    return StagePlan(stage.bracket, stage.rung, (tier,), instance.name, nodes, market)
-
-
-def fastest_stage(
-    profile: Profile,
-    stage: Stage,
-    instance: InstanceType,
-    cap: int | None,
-    hold: bool = False,
-    market: str = "on-demand",
-) -> StagePlan:
-    """The GPUs per trial that finish ``stage`` soonest on at most ``cap`` nodes (mean
-    times, waves counted); ties go to fewer GPUs."""
-
-    def finish(g: float) -> tuple[float, float]:
-        waves = place((g,) * stage.trials, instance.gpus, cap).waves
-        return waves * profile.segment(g, stage.stop - stage.start, instance)[0], g
-
-    best = min(profile.counts_for(instance), key=finish)
-    return build_stage(stage, best, instance, cap, hold, market)
-
-
-def fewer_nodes(stage: StagePlan, instance: InstanceType) -> int | None:
-    """Nodes for the next wave count that needs fewer nodes (None on one node)."""
-    slots = per_node(instance, stage.tiers[0].gpus)
-    waves = math.ceil(stage.trials / (stage.instances * slots))
-    for more in range(waves + 1, stage.trials + 1):
-        nodes = nodes_for(stage.trials, slots, more)
-        if nodes < stage.instances:
-            return nodes
-    return None
-
-
-def shrink_pool(chain: tuple[StagePlan, ...], catalog: Catalog) -> tuple[StagePlan, ...] | None:
-    """The chain with its largest pool one wave smaller and no stage holding more GPUs
-    than that: a bracket-wide cut, so a later stage never has to provision nodes an
-    earlier one released (one-stage cuts cannot get there without first paying for it)."""
-    held = [s.instances * catalog.get(s.instance_type).gpus for s in chain]
-    peak = max(range(len(chain)), key=lambda k: held[k])
-    fewer = fewer_nodes(chain[peak], catalog.get(chain[peak].instance_type))
-    if fewer is None:
-        return None
-    cap = fewer * catalog.get(chain[peak].instance_type).gpus
-    out = []
-    for stage, gpus in zip(chain, held, strict=True):
-        if gpus > cap:
-            instance = catalog.get(stage.instance_type)
-            slots = per_node(instance, stage.tiers[0].gpus)
-            nodes = wave_nodes(stage.trials, slots, max(1, cap // instance.gpus))
-            stage = stage.replace(instances=nodes)
-        out.append(stage)
-    return tuple(out)
 
 
 def _swap(chain: tuple[StagePlan, ...], k: int, stage: StagePlan) -> tuple[StagePlan, ...]:
@@ -238,7 +131,7 @@ class RubberBand:
 
     def __init__(
         self,
-        simulator: Simulator,
+        simulator: PlanSimulator,
         instance_types: Sequence[str],
         *,
         deadline: float | None = None,

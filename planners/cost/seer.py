@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.catalog import InstanceType
-from planners.cost.simulate import Outcome, Simulator
+from planners.cost.outcome import Outcome
+from planners.cost.simulate import PlanSimulator
 from planners.placement import nodes_needed
 from planners.spec import SpecError
 
@@ -240,7 +241,7 @@ class Seer:
 
     def __init__(
         self,
-        simulator: Simulator,
+        simulator: PlanSimulator,
         instance_types: Sequence[str],
         *,
         deadline: float,

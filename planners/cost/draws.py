@@ -1,0 +1,70 @@
+"""Common random numbers: every candidate plan is priced on the same random draws.
+
+Draws are kept per stream, keyed by (bracket, rung, purpose) and the seed, so plans that
+differ in one stage see the same stragglers, startup delays and spot lifetimes everywhere
+else, and their difference in JCT or cost is the plans' own, not the dice's.
+
+Example (a plan with one more node sees the same draws for the nodes it shares):
+    >>> draws = Draws(seed=0, samples=3)
+    >>> two, five = draws.normals(0, 1, DURATION, 2), draws.normals(0, 1, DURATION, 5)
+    >>> two.shape, five.shape, bool((five[:, :2] == two).all())
+    ((3, 2), (3, 5), True)
+    >>> bool((Draws(seed=1, samples=3).normals(0, 1, DURATION, 2) == two).all())
+    False
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planners.cost.allocation import StagePlan
+from planners.cost.catalog import InstanceType
+from planners.cost.pool import Array
+
+# What each stream is for (its purpose).
+DURATION, QUEUE, STARTUP, LIFETIME = 0, 1, 2, 3
+SPOT = 8  # replacement round r of a stage: SPOT + 8r + 0..3 (busy) and + 4..6 (idle)
+
+
+class Draws:
+    """Random draws per stream, ``samples`` per column (see the module docstring)."""
+
+    def __init__(self, seed: int, samples: int):
+        self.seed = seed
+        self.samples = samples
+        self._draws: dict[tuple[int, int, int], Array] = {}
+
+    def normals(self, bracket: int, rung: int, purpose: int, columns: int) -> Array:
+        """``samples x columns`` standard normals, fixed per (bracket, rung, purpose).
+
+        Drawn column by column, so asking for more columns keeps the first ones: a plan
+        with one more node sees the same startup draws for the nodes it shares.
+        """
+        return self._draw(bracket, rung, purpose, columns, uniform=False)
+
+    def uniforms(self, bracket: int, rung: int, purpose: int, columns: int) -> Array:
+        """``samples x columns`` uniforms on [0, 1), kept like :meth:`normals`."""
+        return self._draw(bracket, rung, purpose, columns, uniform=True)
+
+    def _draw(self, bracket: int, rung: int, purpose: int, columns: int, uniform: bool) -> Array:
+        key = (bracket, rung, purpose)
+        draws = self._draws.get(key)
+        if draws is None or draws.shape[1] < columns:
+            rng = np.random.default_rng([self.seed, bracket, rung, purpose])
+            size = max(columns, 2 * (0 if draws is None else draws.shape[1]))
+            shape = (size, self.samples)
+            draws = rng.random(shape) if uniform else rng.standard_normal(shape)
+            draws = self._draws[key] = draws.T
+        return draws[:, :columns]
+
+    def delays(
+        self, instance: InstanceType, stage: StagePlan, purposes: tuple[int, int], columns: int
+    ) -> Array:
+        """Queueing plus startup of ``columns`` new instances (S x columns)."""
+        z_queue = self.normals(stage.bracket, stage.rung, purposes[0], columns)
+        z_start = self.normals(stage.bracket, stage.rung, purposes[1], columns)
+        return instance.queueing.sample(z_queue) + instance.startup.sample(z_start)
+
+    def lifetimes(self, stage: StagePlan, purpose: int, columns: int, rate: float) -> Array:
+        """Running time of ``columns`` spot instances until interrupted: exponential."""
+        return -np.log1p(-self.uniforms(stage.bracket, stage.rung, purpose, columns)) / rate
