@@ -5,9 +5,9 @@ class's template, randomly scaled, plus as much noise. The task is learnable (a 
 CNN passes 90% validation accuracy in a few epochs) and the data costs nothing to load, so
 what a run measures is training.
 
-Resource = epochs of ``samples`` images. A trial's randomness comes from its own generator
-(seeded by the trial id), never from torch's process-wide one, so segments that train side
-by side in threads or processes do not disturb each other's draws.
+Resource = epochs of ``samples`` images. A trial's randomness comes from its own generators
+(``ctx.seeded``, ``ctx.generator``), never from torch's process-wide one, so segments that
+train side by side in threads do not disturb each other's draws.
 
 Example (one epoch of a narrow net on 256 images, on the CPU):
     >>> x, y, _, _ = data(256, "cpu")
@@ -108,14 +108,15 @@ def train_steps(
 
 def train(config: dict, ctx: TrialContext) -> None:
     x_train, y_train, x_val, y_val = data(int(config.get("samples", 8192)), str(ctx.device))
-    model, optimizer = build(config, ctx.device)
+    with ctx.seeded():
+        model, optimizer = build(config, ctx.device)
     start = ctx.restore(model=model, optimizer=optimizer)
     batch_size = int(config.get("batch_size", 128))
     for epoch in ctx.range(start):
-        # Seeded per (trial, epoch): a trial resumed from its checkpoint shuffles as one
-        # that never stopped.
-        generator = torch.Generator().manual_seed(1000 * ctx.trial + epoch)
-        train_loss = train_steps(model, optimizer, x_train, y_train, batch_size, generator)
+        # One generator per (trial, epoch): a resumed trial shuffles as one that never stopped.
+        train_loss = train_steps(
+            model, optimizer, x_train, y_train, batch_size, ctx.generator(epoch)
+        )
         model.eval()
         with torch.no_grad():
             logits = model(x_val)

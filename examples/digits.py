@@ -1,7 +1,10 @@
 """A small CNN on scikit-learn's digits (ships with the package: no download).
 
-Resource = epochs. Shuffling is seeded per (trial, epoch), so a trial resumed from its
-checkpoint trains exactly as one that never stopped.
+Resource = epochs. Every draw comes from the trial's own generators (``ctx.seeded`` for the
+initial weights, ``ctx.generator(epoch)`` for dropout masks, ``ctx.batches`` for shuffling),
+never from torch's process-wide one, so segments training side by side in threads do not
+change each other's results, and a trial resumed from its checkpoint trains exactly as one
+that never stopped.
 
 Data-parallel (``train.distributed = True``): on a segment of ``g`` GPUs each of the ``g``
 processes trains on its slice of every global batch of ``batch_size`` (``ctx.batches``) and
@@ -33,6 +36,21 @@ def data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return x[:cut], y[:cut], x[cut:], y[cut:]
 
 
+class Dropout(nn.Module):
+    """Dropout whose masks come from ``generator`` (set per epoch) rather than the global one."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+        self.generator: torch.Generator | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        keep = torch.rand(x.shape, generator=self.generator).to(x.device) >= self.p
+        return x * keep / (1 - self.p)
+
+
 class Net(nn.Module):
     def __init__(self, width: int, dropout: float = 0.0):
         super().__init__()
@@ -43,29 +61,28 @@ class Net(nn.Module):
             nn.Conv2d(width, width, 3, padding=1),
             nn.ReLU(),
         )
-        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(dropout), nn.Linear(16 * width, 10))
+        self.dropout = Dropout(dropout)
+        self.head = nn.Sequential(nn.Flatten(), self.dropout, nn.Linear(16 * width, 10))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
 
 
 def train(config: dict, ctx: TrialContext) -> None:
-    torch.manual_seed(ctx.trial)
     x_train, y_train, x_val, y_val = (t.to(ctx.device) for t in data())
-    model = Net(int(config["width"]), float(config.get("dropout", 0.0))).to(ctx.device)
+    with ctx.seeded():
+        model = Net(int(config["width"]), float(config.get("dropout", 0.0))).to(ctx.device)
     if config.get("optimizer", "adam") == "sgd":
         optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
     else:
         optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
-    batches = ctx.batches(len(y_train), int(config.get("batch_size", 64)), seed=ctx.trial)
+    batches = ctx.batches(len(y_train), int(config.get("batch_size", 64)), seed=ctx.seed)
     loss_fn = nn.CrossEntropyLoss()
 
     start = ctx.restore(model=model, optimizer=optimizer)
     parallel = ctx.wrap(model)
     for epoch in ctx.range(start):
-        # Dropout draws seeded per (trial, epoch): a trial resumed mid-way trains exactly as
-        # one that never stopped.
-        torch.manual_seed(1000 * ctx.trial + epoch)
+        model.dropout.generator = ctx.generator(epoch)
         parallel.train()
         for step in range((epoch - 1) * len(batches), epoch * len(batches)):
             idx = batches.batch(step).to(ctx.device)

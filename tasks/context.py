@@ -11,6 +11,29 @@ function API::
 
 The object passed as ``model=`` is the one registered in MLflow for the job's best trial.
 
+Randomness: segments of a local job train side by side in threads of one process, so a
+trainable that draws from torch's process-wide generator gets draws that depend on what the
+other segments did. ``ctx`` gives each trial its own: :meth:`TrialContext.seeded` for code
+that can only use the global generator (a model's initialisation), and
+:meth:`TrialContext.generator` for draws a trainable makes itself (shuffling, dropout masks),
+one per ``(trial, salt)``, so a trial resumed at epoch ``e`` draws as one that never stopped::
+
+    with ctx.seeded():
+        model = build(config)
+    for epoch in ctx.range(start):
+        order = torch.randperm(n, generator=ctx.generator(epoch))
+
+Example:
+    >>> ctx = TrialContext(trial=3, start=0, stop=1, max_resource=1, run_id="", tracker=None)
+    >>> a = torch.rand(2, generator=ctx.generator(1))
+    >>> bool((a == torch.rand(2, generator=ctx.generator(1))).all())
+    True
+    >>> with ctx.seeded():
+    ...     first = torch.nn.Linear(2, 1).weight.detach().clone()
+    >>> with ctx.seeded():
+    ...     bool((first == torch.nn.Linear(2, 1).weight).all())
+    True
+
 Elastic trials: a segment granted ``g > 1`` GPUs runs the trainable on ``g`` data-parallel
 processes when the trainable declares it can (``train.distributed = True``). Each process
 gets its own ``ctx`` with ``rank``, ``world_size`` and ``device``; the trainable wraps its
@@ -22,15 +45,27 @@ width.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
+import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from tasks.distributed import GlobalBatches, unwrap, wrap
 from tasks.tracking import Tracker
+
+
+def _mix(*keys: int) -> int:
+    """A 63-bit seed from ``keys``, the same in every process (unlike ``hash`` of a str)."""
+    return int(np.random.SeedSequence(list(keys)).generate_state(1, np.uint64)[0] >> 1)
+
+
+# Held while a trial draws from torch's global generator, so no other segment draws between.
+_GLOBAL_RNG = threading.Lock()
 
 
 class TrialContext:
@@ -47,6 +82,7 @@ class TrialContext:
         gpus: GPUs granted to this segment (``< 1`` means a shared GPU).
         rank: This process's rank in a data-parallel segment.
         world_size: Processes in a data-parallel segment.
+        seed: The trial's seed (the job's seed and the trial id); default: the trial id.
     """
 
     def __init__(
@@ -62,6 +98,7 @@ class TrialContext:
         gpus: float = 1.0,
         rank: int = 0,
         world_size: int = 1,
+        seed: int | None = None,
     ):
         self.trial = trial
         self.start = start
@@ -72,6 +109,7 @@ class TrialContext:
         self.gpus = gpus
         self.rank = rank
         self.world_size = world_size
+        self.seed = trial if seed is None else seed
         self.resource: float = start
         self.restored_from: float = 0
         # (resource, metrics) of every report, and the objects handed to restore().
@@ -124,6 +162,21 @@ class TrialContext:
         buffer = io.BytesIO()
         torch.save({"resource": self.resource, "state": state}, buffer)
         self._tracker.save_checkpoint(self.run_id, buffer.getvalue(), self.resource)
+
+    # --- randomness ----------------------------------------------------------------------
+
+    def generator(self, salt: int = 0) -> torch.Generator:
+        """A CPU generator of this trial's own, the same for the same ``salt`` (e.g. the
+        epoch) in every segment, process and run."""
+        return torch.Generator().manual_seed(_mix(self.seed, salt))
+
+    @contextlib.contextmanager
+    def seeded(self, salt: int = 0) -> Iterator[None]:
+        """Torch's global generators set to this trial's seed for the block, and restored
+        after it; other segments of the process wait meanwhile."""
+        with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_mix(self.seed, salt, 1))
+            yield
 
     # --- data-parallel segments ----------------------------------------------------------
 
