@@ -196,3 +196,24 @@ def test_a_real_staged_job_runs_its_top_rung_survivor_at_width_two(tmp_path: Pat
     assert sorted(worlds["complete"]) == [(1, 1.0), (2, 2.0)]
     survivor = next(r for r in runs if r.data.tags["elastune.status"] == "complete")
     assert survivor.data.tags["elastune.gpus"] == "2"
+
+
+def test_the_measured_gpu_profile_packs_small_trials_onto_one_gpu():
+    # `elastune profile examples/cnn.yaml --shares 1,0.5,0.25` on an H100
+    # (benchmarks/results/gpu_profile.yaml): 2 trials per GPU each run at 0.69 of full
+    # speed, 4 at 0.61, so sharing pays (1.38x and 2.45x the throughput of one).
+    measured = {1: 0.4154, 0.5: 0.6008, 0.25: 0.6780}
+    job = {
+        **JOB,
+        "trainable": "tests.trainables:quadratic",
+        "profile": {"seconds_per_unit": measured},
+    }
+    job["compute"] = {"workers": 1, "max_gpus": 1}
+    spec = parse_job(job)
+    plan = compile_plan(spec)
+    packer = stage_packer(spec, plan, distributed=False, devices=1)
+    assert packer is not None
+    assert admit(packer, segments(plan.stages[0], range(2)), []) == [0.5, 0.5]
+    # Had sharing not paid (each of 2 trials below half speed), one trial at a time.
+    slow = {**job, "profile": {"seconds_per_unit": {1: 0.4154, 0.5: 0.9}}}
+    assert stage_packer(parse_job(slow), plan, distributed=False, devices=1) is None
