@@ -20,7 +20,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -95,8 +94,8 @@ def session(path: Path) -> Any:
     import onnxruntime  # local: only the surrogate needs it
 
     options = onnxruntime.SessionOptions()
-    # One small batch per call: threads cost more than they save, and one thread keeps
-    # the sums in the same order on every machine.
+    # Small batches: threads cost more than they save. With one, a made table's values do not
+    # depend on the batch size either (several threads split the sums differently).
     options.intra_op_num_threads = options.inter_op_num_threads = 1
     return onnxruntime.InferenceSession(
         str(path / "model.onnx"), options, providers=["CPUExecutionProvider"]
@@ -133,6 +132,7 @@ def _cached_table(path: Path, task: str) -> dict[str, np.ndarray]:
         return {key: data[key] for key in data.files}
 
 
+@functools.cache
 def _version(path: Path) -> str:
     """A name for what a made table depends on, so a changed model is never read stale."""
     digest = hashlib.sha256()
@@ -186,11 +186,12 @@ def _make_table(path: Path, task: str) -> dict[str, np.ndarray]:
 
 def _write_atomically(target: Path, arrays: dict[str, np.ndarray]) -> None:
     """Write next to ``target``, then rename: a killed write never leaves a partial table."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    # Writers hold the lock, so the process id is enough to keep the name to one writer.
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "wb") as file:
+        with tmp.open("wb") as file:
             np.savez(file, **arrays)
-        os.replace(tmp, target)
+        tmp.replace(target)
     except BaseException:
-        os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
