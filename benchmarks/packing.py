@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planners.cost.profile import Profile
 from planners.geometry import Bracket, hyperband_brackets, sha_bracket
+from planners.lcbench import LCBenchTable, tasks
 from planners.packing import (
     DynamicFluid,
     Packer,
@@ -49,7 +50,6 @@ from planners.packing import (
 )
 from planners.schedulers.base import ranked
 
-LCBENCH = Path("/work/shared/benchmarks/yahpo_lcbench/lcbench_surrogate_table_1000cfg.npz")
 RESULTS = Path(__file__).resolve().parent / "results" / "packing.json"
 SPEEDUP = {2: 1.8, 4: 3.2, 8: 5.6}
 RESCALE_SECONDS = 3.0
@@ -127,23 +127,20 @@ def synthetic_groups(seed: int, count: int) -> list[tuple[list[Work], int, int]]
 
 def lcbench_groups(seed: int, gpus: int, per_node: int) -> list[tuple[str, list[Work]]]:
     """Every stage of SHA(81) and of the Hyperband brackets, on every LCBench task."""
-    data = np.load(LCBENCH)
-    # Cumulative seconds per epoch; the surrogate is not always monotone, so force it.
-    elapsed = np.maximum.accumulate(data["time_raw"], axis=2)
-    accuracy = data["val_accuracy"]
     rng = np.random.default_rng(seed)
     brackets: list[tuple[str, Bracket]] = [("sha81", sha_bracket(81, 1, 52, 3))]
     brackets += [(f"hb-s{b.s}", b) for b in hyperband_brackets(1, 52, 3)]
     groups = []
-    for task in range(elapsed.shape[0]):
-        configs = iter(rng.permutation(elapsed.shape[1]))
+    for task in tasks():
+        # Cumulative seconds per epoch (made monotone) and validation accuracy, [config, epoch].
+        table = LCBenchTable(task)
+        curve, accuracy = table.seconds, table.values
+        configs = iter(rng.permutation(len(table.table)))
         for name, bracket in brackets:
             alive = [int(next(configs)) for _ in range(bracket.trials)]
             start = 0
             for rung in bracket.rungs:
                 stop = int(rung.resource)
-
-                curve = elapsed[task]
                 before = curve[alive, start - 1] if start else np.zeros(len(alive))
                 per_epoch = (curve[alive, stop - 1] - before) / (stop - start)
                 group = [
@@ -152,7 +149,7 @@ def lcbench_groups(seed: int, gpus: int, per_node: int) -> list[tuple[str, list[
                 ]
                 groups.append((f"{name}-r{stop}", group))
                 # The next rung keeps the best by the surrogate's validation accuracy.
-                losses = {c: -float(accuracy[task, c, stop - 1]) for c in alive}
+                losses = {c: -float(accuracy[c, stop - 1]) for c in alive}
                 keep = next((r.trials for r in bracket.rungs if r.resource > stop), 0)
                 alive, start = ranked(losses)[:keep], stop
     return groups

@@ -1,7 +1,6 @@
 """LCBench learning curves (YAHPO Gym surrogate) as benchmarks for the simulator.
 
-This is the one module of ``planners/`` that reads files: the data of
-``shared/benchmarks/yahpo_lcbench`` (see its README). Two benchmarks per OpenML task:
+Its data come from :mod:`planners.lcbench_data`. Two benchmarks per OpenML task:
 
 - ``lcbench:TASK_ID``: the ONNX surrogate, for *any* configuration the job's sampler proposes
   (parameters the job's space leaves out take the LCBench defaults);
@@ -12,8 +11,8 @@ This is the one module of ``planners/`` that reads files: the data of
 Both give the per-epoch value of the job's metric and the cumulative training time, made
 monotone (the surrogate's prediction dips in 0.5% of steps), so an epoch costs the
 difference of consecutive times. Data location: the ``root`` argument, else the
-``ELASTUNE_BENCHMARKS`` environment variable, else ``../shared/benchmarks`` next to the
-repository; each may name the benchmarks folder or ``yahpo_lcbench`` itself.
+``ELASTUNE_BENCHMARKS`` environment variable, else the surrogate shipped in the package
+(see :func:`planners.lcbench_data.data_dir`).
 
 Example:
     >>> table = LCBenchTable("3945")
@@ -28,56 +27,25 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from planners.lcbench_data import (
+    EPOCHS,
+    PARAMS,
+    SURROGATE_METRICS,
+    TABLE_METRICS,
+    data_dir,
+    session,
+    task_table,
+)
 from planners.simulator import Curve
 from planners.spec import JobSpec, SpecError
 
-ENV = "ELASTUNE_BENCHMARKS"
-FOLDER = "yahpo_lcbench"
-TABLE = "lcbench_surrogate_table_1000cfg.npz"
-EPOCHS = 52
-# The surrogate's inputs after the epoch, in ``x_cont`` order, with the defaults of
-# config_space.json for parameters a job does not tune.
-PARAMS: dict[str, float] = {
-    "batch_size": 91,
-    "learning_rate": 0.0031622777,
-    "momentum": 0.545,
-    "weight_decay": 0.050005,
-    "num_layers": 3,
-    "max_units": 256,
-    "max_dropout": 0.5,
-}
 INTEGER_PARAMS = ("batch_size", "num_layers", "max_units")
-# Output columns of the surrogate (column 0 is the cumulative time).
-SURROGATE_METRICS = {
-    "val_accuracy": 1,
-    "val_cross_entropy": 2,
-    "val_balanced_accuracy": 3,
-    "test_cross_entropy": 4,
-    "test_balanced_accuracy": 5,
-}
-TABLE_METRICS = ("val_accuracy", "val_cross_entropy", "test_balanced_accuracy")
-
-
-def data_dir(root: str | Path | None = None) -> Path:
-    """The ``yahpo_lcbench`` folder: ``root``, else ``$ELASTUNE_BENCHMARKS``, else the default."""
-    if root is None:
-        root = os.environ.get(ENV) or Path(__file__).resolve().parents[1] / "../shared/benchmarks"
-    path = Path(root)
-    if not (path / TABLE).exists() and (path / FOLDER).is_dir():
-        path = path / FOLDER
-    if not (path / "encoding.json").exists():
-        raise SpecError(
-            f"{path}: no LCBench data here (expected {FOLDER}/ with encoding.json); "
-            f"pass the folder or set {ENV}"
-        )
-    return path.resolve()
 
 
 @functools.cache
@@ -126,12 +94,6 @@ def _check_resource(spec: JobSpec, name: str) -> None:
         raise SpecError(f"scheduler.max_resource: {top:g} exceeds the {EPOCHS} epochs of {name}")
 
 
-@functools.cache
-def _table(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path / TABLE) as data:
-        return {key: data[key] for key in data.files}
-
-
 class LCBenchTable:
     """The 1000-configuration table of one task (see the module docstring).
 
@@ -148,15 +110,13 @@ class LCBenchTable:
         self.task = _check_task(task, path, "lcbench-table")
         self.name = f"lcbench-table:{task}"
         _check_metric(metric, TABLE_METRICS, self.name)
-        data = _table(path)
-        index = list(data["task_ids"]).index(task)
-        self.values: np.ndarray = data[metric][index]  # [config, epoch]
-        self.seconds: np.ndarray = np.maximum.accumulate(data["time_raw"][index], axis=1)
-        names = [str(n) for n in data["config_names"]]
+        data = task_table(path, task)
+        self.values: np.ndarray = data[metric]  # [config, epoch]
+        self.seconds: np.ndarray = np.maximum.accumulate(data["time_raw"], axis=1)
         self.table: list[dict[str, Any]] = [
             {
                 n: int(v) if n in INTEGER_PARAMS else float(v)
-                for n, v in zip(names, row, strict=False)
+                for n, v in zip(PARAMS, row, strict=True)
             }
             for row in data["configs"]
         ]
@@ -189,18 +149,6 @@ class LCBenchTable:
         _check_resource(spec, self.name)
 
 
-@functools.cache
-def _session(path: Path) -> Any:
-    import onnxruntime  # local: only the surrogate needs it
-
-    options = onnxruntime.SessionOptions()
-    # One small batch per trial: threads cost more than they save.
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    return onnxruntime.InferenceSession(
-        str(path / "model.onnx"), options, providers=["CPUExecutionProvider"]
-    )
-
-
 class LCBenchSurrogate:
     """The YAHPO Gym ONNX surrogate of one task, for any configuration.
 
@@ -221,7 +169,7 @@ class LCBenchSurrogate:
         _check_metric(metric, SURROGATE_METRICS, self.name)
         self._column = SURROGATE_METRICS[metric]
         code = json.loads((path / "encoding.json").read_text())["OpenML_task_id"][task]
-        self._session = _session(path)
+        self._session = session(path)
         self._x_cat = np.full((EPOCHS, 1), code, np.int32)
         self._x_cont = np.zeros((EPOCHS, 1 + len(PARAMS)), np.float32)
         self._x_cont[:, 0] = np.arange(1, EPOCHS + 1)

@@ -1,8 +1,10 @@
-"""Test isolation: Prefect, MLflow and Optuna never touch the user's own stores."""
+"""Test isolation: Prefect, MLflow, Optuna and LCBench never touch the user's own stores."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -18,6 +20,11 @@ os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
 os.environ.pop("PREFECT_API_URL", None)
+# LCBench: the shipped surrogate, not a folder the user named; its tables are made once per
+# session into a temporary cache (one task takes about half a second).
+os.environ.pop("ELASTUNE_BENCHMARKS", None)
+os.environ["ELASTUNE_CACHE"] = tempfile.mkdtemp(prefix="elastune-cache-")
+atexit.register(shutil.rmtree, os.environ["ELASTUNE_CACHE"], ignore_errors=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planners.lcbench import LCBenchSurrogate, LCBenchTable, data_dir
+from planners.lcbench import LCBenchSurrogate, LCBenchTable
 from planners.schedulers.base import Action, Decision, Result, Scheduler, Segment
 from planners.schedulers.fifo import Fifo
 from planners.simulator import Curve, RowDraw, TableSampler, simulate, simulate_job
@@ -171,13 +171,6 @@ def test_segments_must_end_on_whole_epochs():
 
 # --- LCBench and the CLI entry point ------------------------------------------------------
 
-try:
-    data_dir()
-    HAVE_DATA = True
-except SpecError:
-    HAVE_DATA = False
-needs_data = pytest.mark.skipif(not HAVE_DATA, reason="shared/benchmarks/yahpo_lcbench absent")
-
 LCBENCH_SPACE = {
     "batch_size": {"type": "int", "low": 16, "high": 512, "log": True},
     "learning_rate": {"type": "float", "low": 1e-4, "high": 0.1, "log": True},
@@ -198,7 +191,6 @@ def lcbench_job(**changes) -> object:
     return parse_job(data)
 
 
-@needs_data
 def test_table_and_surrogate_agree_and_costs_are_monotone():
     table, surrogate = LCBenchTable("3945"), LCBenchSurrogate("3945")
     for config in table.table[:3]:
@@ -210,7 +202,6 @@ def test_table_and_surrogate_agree_and_costs_are_monotone():
         table.curve({**table.table[0], "momentum": 0.123456})
 
 
-@needs_data
 def test_simulate_job_returns_json_per_seed():
     report = simulate_job(lcbench_job(), "lcbench-table:3945", workers=8, seeds=2)
     assert [run["seed"] for run in report["seeds"]] == [0, 1]
@@ -223,7 +214,6 @@ def test_simulate_job_returns_json_per_seed():
     assert surrogate["seeds"][0]["simulated_seconds"] <= 100.0
 
 
-@needs_data
 @pytest.mark.parametrize(
     ("name", "changes", "kwargs", "message"),
     [
@@ -247,17 +237,6 @@ def test_simulate_job_returns_json_per_seed():
 def test_simulate_job_bad_input_names_the_field(name, changes, kwargs, message):
     with pytest.raises(SpecError, match=message):
         simulate_job(lcbench_job(**changes), name, **{"workers": 4, **kwargs})
-
-
-@needs_data
-def test_data_location_comes_from_the_environment(monkeypatch, tmp_path):
-    real = data_dir()
-    monkeypatch.setenv("ELASTUNE_BENCHMARKS", str(real.parent))
-    assert data_dir() == real
-    monkeypatch.setenv("ELASTUNE_BENCHMARKS", str(tmp_path))
-    with pytest.raises(SpecError, match="ELASTUNE_BENCHMARKS"):
-        data_dir()
-    assert data_dir(real) == real
 
 
 def test_preemptions_cost_time_and_gpu_seconds_but_change_no_decision() -> None:
