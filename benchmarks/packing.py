@@ -38,16 +38,10 @@ from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planners.cost.profile import Profile
-from planners.geometry import Bracket, hyperband_brackets, sha_bracket
-from planners.packing import (
-    DynamicFluid,
-    Packer,
-    StaticFluid,
-    Work,
-    fifo_makespan,
-)
-from planners.schedulers.base import ranked
+from planners.search.schedulers.base import ranked
+from planners.spec.geometry import Bracket, hyperband_brackets, sha_bracket
+from planners.staging import DynamicFluid, Packer, Profile, StaticFluid, Work
+from planners.staging.fluid import fifo_makespan
 
 LCBENCH = Path("/work/shared/benchmarks/yahpo_lcbench/lcbench_surrogate_table_1000cfg.npz")
 RESULTS = Path(__file__).resolve().parent / "results" / "packing.json"
