@@ -96,6 +96,8 @@ def sha_trials(spec: ShaSpec) -> int:
 
 
 def brackets(spec: JobSpec) -> list[Bracket]:
+    """The brackets a synchronous job (``sha``, ``hyperband``) unrolls to; SpecError for an
+    asynchronous one, which has none."""
     s = spec.scheduler
     if isinstance(s, ShaSpec):
         return [sha_bracket(sha_trials(s), s.min_resource, s.max_resource, s.eta)]
