@@ -142,7 +142,7 @@ def checkpoint_files(stores: Stores) -> set[Path]:
 def journal(job_id: str, storage: str) -> list[dict[str, Any]]:
     import optuna
 
-    from planners.loop import StudyJournal
+    from planners.search import StudyJournal
 
     try:
         study = optuna.load_study(study_name=job_id, storage=storage)
@@ -322,8 +322,8 @@ def main() -> int:
 
     import optuna
 
-    from planners.plan import compile_plan
     from planners.spec import load_job
+    from planners.staging import compile_plan
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     overrides = [f"scheduler.max_resource={args.max_resource}", *args.set]

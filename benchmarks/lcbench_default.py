@@ -4,7 +4,7 @@ Protocol (issue 8): the LCBench table (YAHPO Gym surrogate, 1000 configurations 
 epochs), 32 virtual workers, 5 seeds per task. Configurations come from the table without
 replacement, one permutation per seed shared by every method (common random numbers); the
 default's model-based sampler instead chooses among the rows not yet tried, scoring them
-by their hyperparameters only (see ``planners.simulator.table_sampler``). An epoch costs the
+by their hyperparameters only (see ``planners.sim.configs.table_sampler``). An epoch costs the
 difference of the monotone cumulative time; every trained epoch counts as an observation.
 Per task: target = 99% of the best val_accuracy of the 1000 at epoch 52; oracle = that
 configuration's own 52-epoch time; budget = 3 x the task's median 52-epoch time of simulated
@@ -81,10 +81,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from schedulers import _optuna_sha, _sha  # noqa: E402  (benchmarks/schedulers.py)
 
-from planners.lcbench import LCBenchTable, tasks  # noqa: E402
-from planners.schedulers.base import Scheduler  # noqa: E402
-from planners.schedulers.stopping_asha import StoppingAsha  # noqa: E402
-from planners.simulator import simulate  # noqa: E402
+from benchmarks.baselines import StoppingAsha  # noqa: E402
+from planners.search import Scheduler  # noqa: E402
+from planners.sim import LCBenchTable, simulate  # noqa: E402
+from planners.sim.lcbench import tasks  # noqa: E402
 from planners.spec import JobSpec, parse_job  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -48,8 +48,8 @@ from planners.cost.job import job_profile
 from planners.cost.rubberband import RubberBand
 from planners.cost.simulate import PlanSimulator
 from planners.cost.sizing import chains_of
-from planners.plan import compile_plan
 from planners.spec import JobSpec, parse_job
+from planners.staging import compile_plan
 
 SAMPLES = 200  # what plan_job uses
 FRESH_SAMPLES = 5000

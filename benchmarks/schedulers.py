@@ -43,15 +43,13 @@ import optuna
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planners.geometry import hyperband_brackets, sha_bracket  # noqa: E402
-from planners.lcbench import LCBenchTable, tasks  # noqa: E402
-from planners.schedulers.base import Scheduler  # noqa: E402
-from planners.schedulers.hyperband import Hyperband  # noqa: E402
-from planners.schedulers.optuna_pruner import PrunerScheduler  # noqa: E402
-from planners.schedulers.repeat import Repeat  # noqa: E402
-from planners.schedulers.sha import SuccessiveHalving  # noqa: E402
-from planners.simulator import Simulation, simulate  # noqa: E402
+from benchmarks.baselines import PrunerScheduler, Repeat  # noqa: E402
+from planners.search import Scheduler  # noqa: E402
+from planners.search.schedulers import Hyperband, SuccessiveHalving  # noqa: E402
+from planners.sim import LCBenchTable, SimulatedRun, simulate  # noqa: E402
+from planners.sim.lcbench import tasks  # noqa: E402
 from planners.spec import JobSpec, load_job  # noqa: E402
+from planners.spec.geometry import hyperband_brackets, sha_bracket  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 JOB = ROOT / "examples" / "lcbench.yaml"
@@ -126,7 +124,7 @@ def run_one(task: str, method: str, seed: int) -> dict[str, Any]:
     recipe = METHODS[method]
     spec: JobSpec = load_job(JOB, recipe if isinstance(recipe, list) else [ASHA])
     scheduler = None if isinstance(recipe, list) else recipe(seed)
-    run: Simulation = simulate(
+    run: SimulatedRun = simulate(
         spec, table, WORKERS, seed, deadline=facts["horizon_seconds"], scheduler=scheduler
     )
     reached = run.time_to(facts["target"])

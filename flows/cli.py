@@ -187,7 +187,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     spec = _load(args)
-    from planners.simulator import Preemption, format_report, simulate_job
+    from planners.sim import Preemption, format_report, simulate_job
 
     _quiet_optuna()
     workers = spec.compute.workers if args.workers is None else args.workers

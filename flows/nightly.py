@@ -11,8 +11,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.tune import SPEC_ATTR, tune
-from planners.space import contains
-from planners.spec import JobSpec, load_job
+from planners.spec import JobSpec, contains, load_job
 from tasks.tracking import local_uri
 
 

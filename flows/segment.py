@@ -13,7 +13,7 @@ from typing import Any
 
 from prefect import flow
 
-from planners.schedulers.base import Segment
+from planners.search import Segment
 from tasks.train import JobRef, run_segment
 
 FLOW_NAME = "train-segment"

@@ -37,13 +37,19 @@ from flows.progress import JobProgress
 from infra.sizing import InfraError, publish_sizing
 from planners.cost import plan_job
 from planners.cost.catalog import read_catalog
-from planners.devices import LocalDevices
-from planners.loop import Best, StudyJournal, TuningLoop
-from planners.plan import Plan, Stage, allocate, compile_plan, is_staged
-from planners.schedulers.base import Action, Decision, Segment, rank_key
-from planners.space import make_sampler
-from planners.spec import JobSpec, SpecError, load_job, parse_job
-from planners.stagepack import StagePacker, stage_packer
+from planners.search import Action, Best, Decision, Segment, StudyJournal, TuningLoop
+from planners.search.schedulers.base import rank_key
+from planners.spec import JobSpec, SpecError, load_job, make_sampler, parse_job
+from planners.staging import (
+    LocalDevices,
+    Plan,
+    Stage,
+    StagePacker,
+    allocate,
+    compile_plan,
+    is_staged,
+    stage_packer,
+)
 from tasks.context import TrialContext
 from tasks.tracking import (
     Tracker,
@@ -291,7 +297,7 @@ class Job:
     @cached_property
     def packer(self) -> StagePacker | None:
         """Fluid for a staged job whose profile gives widths other than 1: each stage's
-        segments are packed onto its GPUs (``planners.stagepack``); None: as planned."""
+        segments are packed onto its GPUs (``planners.staging.stagepack``); None: as planned."""
         if self.plan is None or self.spec.profile is None:
             return None
         local = self.spec.compute.pool == "local"

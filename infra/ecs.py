@@ -3,7 +3,7 @@
 Each EC2 capacity provider of the cluster is backed by one Auto Scaling group that
 launches one GPU instance type. Before a stage, :class:`EcsCapacity` sets the desired
 capacity of the group of the stage's instance type to the nodes the stage needs (the §5.5
-placement of its trials, :func:`planners.placement.nodes_needed`) and every other group it
+placement of its trials, :func:`planners.staging.placement.nodes_needed`) and every other group it
 manages to zero; :meth:`EcsCapacity.release` sets them all to zero. Assumptions, checked in
 :meth:`EcsCapacity.check` (infra/README.md explains how to create such a cluster):
 
@@ -36,7 +36,7 @@ from infra.sizing import (
     Sizer,
     SizingRecord,
 )
-from planners.placement import nodes_needed
+from planners.staging import nodes_needed
 
 # Capacity providers that AWS manages itself; they have no Auto Scaling group to size.
 _FARGATE = {"FARGATE", "FARGATE_SPOT"}

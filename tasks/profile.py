@@ -20,9 +20,8 @@ from typing import Any
 import optuna
 import torch
 
-from planners.cost import Profile
-from planners.space import distributions, make_sampler
-from planners.spec import JobSpec, SpecError
+from planners.spec import JobSpec, SpecError, distributions, make_sampler
+from planners.staging import Profile
 from tasks.context import TrialContext
 from tasks.tracking import Tracker
 from tasks.train import load_trainable

@@ -38,10 +38,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
-from planners.cost.profile import Profile
-from planners.plan import Plan
-from planners.schedulers.base import Result, Segment
+from planners.search import Result, Segment
 from planners.spec import JobSpec, SpecError
+from planners.staging import Plan, Profile
 from tasks.context import TrialContext
 from tasks.distributed import DistContext, DistributedError, run_distributed
 from tasks.tracking import Tracker

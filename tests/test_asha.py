@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planners.geometry import rung_levels
-from planners.schedulers import make_scheduler
-from planners.schedulers.asha import Asha
-from planners.schedulers.base import Action, Result, ranked
+from planners.search import Action, Result, make_scheduler
+from planners.search.schedulers import Asha
+from planners.search.schedulers.base import ranked
 from planners.spec import SpecError, parse_job
+from planners.spec.geometry import rung_levels
 
 JOB = {
     "name": "t",
@@ -41,7 +41,7 @@ def test_worked_trace_of_section_3_3():
     asha = Asha(1, 9, 3)
     steps, actions = [], {}
     for _ in TRACE:
-        job = asha.next_job()
+        job = asha.next_segment()
         steps.append((f"c{job.trial + 1}", job.start, job.stop))
         loss = TRACE_LOSSES[job.trial] - 0.02 * job.rung
         for decision in asha.on_result(Result(job.trial, job.stop, loss)):
@@ -65,7 +65,7 @@ class NaiveAsha:
         self.rung: dict[int, int] = {}
         self.next_id = 0
 
-    def next_job(self) -> tuple[int, float, float]:
+    def next_segment(self) -> tuple[int, float, float]:
         for k in range(len(self.levels) - 2, -1, -1):
             done = ranked(self.results[k])
             for trial in done[: len(done) // self.eta]:
@@ -97,13 +97,13 @@ def _drive(asha: Asha, events, reference: NaiveAsha | None = None) -> list[tuple
     running, jobs = [], []
     for start, pick, loss, fail in events:
         if start or not running:
-            job = asha.next_job()
+            job = asha.next_segment()
             if job is None:
                 continue
             jobs.append(job)
             running.append(job)
             if reference is not None:
-                assert (job.trial, job.start, job.stop) == reference.next_job()
+                assert (job.trial, job.start, job.stop) == reference.next_segment()
         else:
             job = running.pop(pick % len(running))
             failed = fail == 0
@@ -131,7 +131,7 @@ def test_promotions_come_from_the_top_floor_n_over_eta_of_a_rung(events, bracket
     running = []
     for start, pick, loss, fail in events:
         if start or not running:
-            job = asha.next_job()
+            job = asha.next_segment()
             if job is None:
                 continue
             running.append(job)
@@ -157,7 +157,7 @@ def test_the_worked_trace_promotes_more_than_floor_n_over_eta_in_total():
     asha = Asha(1, 9, 3)
     promoted, results = 0, 0
     for _ in range(6):
-        job = asha.next_job()
+        job = asha.next_segment()
         promoted += job.rung == 1
         results += job.rung == 0
         asha.on_result(Result(job.trial, job.stop, TRACE_LOSSES[job.trial] - 0.02 * job.rung))
@@ -174,33 +174,33 @@ def test_equal_seeds_give_equal_runs(events, seed):
 
 def test_failed_trial_is_never_promoted():
     asha = Asha(1, 9, 3)
-    jobs = [asha.next_job() for _ in range(3)]
+    jobs = [asha.next_segment() for _ in range(3)]
     decision = asha.on_result(Result(jobs[0].trial, 1, 0.0, failed=True))
     assert decision[0].action is Action.FAIL
     for job in jobs[1:]:
         asha.on_result(Result(job.trial, 1, 0.5))
-    more = [asha.next_job() for _ in range(2)]
+    more = [asha.next_segment() for _ in range(2)]
     asha.on_result(Result(more[0].trial, 1, 0.4))
-    promoted = asha.next_job()  # rung 0 now holds 3 results: the best, trial 3, goes up
+    promoted = asha.next_segment()  # rung 0 now holds 3 results: the best, trial 3, goes up
     assert (promoted.trial, promoted.rung) == (more[0].trial, 1)
     assert jobs[0].trial not in {d.trial for d in asha.finish()}
 
 
 def test_top_rung_completes_and_max_trials_stops_new_trials():
     asha = Asha(1, 3, 3, max_trials=3)
-    jobs = [asha.next_job() for _ in range(3)]
-    assert asha.next_job() is None
+    jobs = [asha.next_segment() for _ in range(3)]
+    assert asha.next_segment() is None
     for job, loss in zip(jobs, [0.3, 0.1, 0.2], strict=False):
         assert asha.on_result(Result(job.trial, 1, loss))[0].action is Action.PAUSE
-    top = asha.next_job()
+    top = asha.next_segment()
     assert (top.trial, top.start, top.stop) == (jobs[1].trial, 1, 3)
     assert asha.on_result(Result(top.trial, 3, 0.05))[0].action is Action.COMPLETE
-    assert asha.next_job() is None
+    assert asha.next_segment() is None
 
 
 def test_brackets_follow_optuna_weights_and_their_own_rungs():
     asha = Asha(1, 81, 3, brackets=5, seed=0)
-    jobs = [asha.next_job() for _ in range(4000)]
+    jobs = [asha.next_segment() for _ in range(4000)]
     share = Counter(job.bracket for job in jobs)
     # Optuna's HyperbandPruner weights 81, 34, 15, 8, 5 out of 143 (§3.4).
     for s, weight in enumerate([81, 34, 15, 8, 5]):
@@ -215,12 +215,12 @@ def test_promotion_to_the_highest_resource_goes_first_across_brackets():
     asha = Asha(1, 9, 3, brackets=2, seed=3)
     by_bracket: dict[int, list] = {0: [], 1: []}
     while min(len(v) for v in by_bracket.values()) < 3:
-        job = asha.next_job()
+        job = asha.next_segment()
         by_bracket[job.bracket].append(job)
     for bracket in by_bracket.values():
         for job in bracket:
             asha.on_result(Result(job.trial, job.stop, 0.1 * job.trial))
-    first = asha.next_job()
+    first = asha.next_segment()
     assert (first.bracket, first.start, first.stop) == (1, 3, 9)
 
 

@@ -9,10 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planners.schedulers.asha import Asha
-from planners.schedulers.base import Action, Result
-from planners.schedulers.bloom import Bloom
-from planners.schedulers.stopping_asha import StoppingAsha
+from benchmarks.baselines import StoppingAsha
+from planners.search import Action, Result
+from planners.search.schedulers import Asha, Bloom
 
 
 def drive(scheduler, loss, workers: int = 1, limit: int = 10_000) -> list[tuple[int, float]]:
@@ -20,7 +19,7 @@ def drive(scheduler, loss, workers: int = 1, limit: int = 10_000) -> list[tuple[
     returns (trial, stop) of every segment."""
     order, running = [], []
     for _ in range(limit):
-        while len(running) < workers and (job := scheduler.next_job()) is not None:
+        while len(running) < workers and (job := scheduler.next_segment()) is not None:
             order.append((job.trial, job.stop))
             running.append(job)
         if not running:
@@ -79,59 +78,59 @@ def test_the_slope_promotes_a_late_bloomer_over_a_flat_curve() -> None:
 
     for weight, first in ((0.25, 1), (0.0, 0)):
         bloom = Bloom(1, 27, 3, max_trials=3, slope_weight=weight)
-        for job in [bloom.next_job() for _ in range(3)]:
+        for job in [bloom.next_segment() for _ in range(3)]:
             history = tuple((e, curve(job.trial, e)) for e in range(1, 3))
             bloom.on_result(Result(job.trial, job.stop, curve(job.trial, 3), history=history))
-        assert bloom.next_job().trial == first
+        assert bloom.next_segment().trial == first
 
 
 def test_idle_workers_revive_the_best_paused_trial_while_regular_work_runs() -> None:
     bloom = Bloom(1, 9, 3, max_trials=3, promotions=1)  # rungs 3 and 9
-    jobs = [bloom.next_job() for _ in range(3)]
-    assert bloom.next_job() is None  # no results yet: nothing to promote or revive
+    jobs = [bloom.next_segment() for _ in range(3)]
+    assert bloom.next_segment() is None  # no results yet: nothing to promote or revive
     bloom.on_result(Result(0, 3, 0.2))
     bloom.on_result(Result(1, 3, 0.5))
     # One result in the top third (floor(2/3) = 0): no regular promotion; trial 2 still
     # runs, so an idle worker revives the best paused trial.
-    revived = bloom.next_job()
+    revived = bloom.next_segment()
     assert (revived.trial, revived.start, revived.stop) == (0, 3, 9)
-    assert bloom.next_job().trial == 1  # the next best, while trial 2 still runs
-    assert bloom.next_job() is None  # nothing paused any more
+    assert bloom.next_segment().trial == 1  # the next best, while trial 2 still runs
+    assert bloom.next_segment() is None  # nothing paused any more
     assert jobs[2].trial == 2
     assert bloom.on_result(Result(2, 3, 0.4))[0].action is Action.PAUSE
     # Rung 3 now holds 3 results: its top third is trial 0, already promoted; only
     # revivals run, so trial 2 is not revived and the job can end with it paused.
-    assert bloom.next_job() is None
+    assert bloom.next_segment() is None
     assert bloom.on_result(Result(0, 9, 0.1))[0].action is Action.COMPLETE
     assert bloom.on_result(Result(1, 9, 0.3))[0].action is Action.COMPLETE
-    assert bloom.next_job() is None
+    assert bloom.next_segment() is None
     assert {d.trial: d.action for d in bloom.finish()} == {2: Action.STOP}
 
 
 def test_without_revival_the_idle_worker_waits() -> None:
     bloom = Bloom(1, 9, 3, max_trials=3, promotions=1, revive=False)
     for _ in range(3):
-        bloom.next_job()
+        bloom.next_segment()
     bloom.on_result(Result(0, 3, 0.2))
-    assert bloom.next_job() is None
+    assert bloom.next_segment() is None
 
 
 def test_while_new_trials_may_start_an_idle_worker_starts_one_instead_of_reviving() -> None:
     # max_trials None (the LCBench benchmark's setting): revival never acts.
     bloom = Bloom(1, 9, 3, max_trials=None, promotions=1)  # rungs 3 and 9
     for _ in range(3):
-        bloom.next_job()
+        bloom.next_segment()
     bloom.on_result(Result(0, 3, 0.2))
     bloom.on_result(Result(1, 3, 0.5))
-    job = bloom.next_job()
+    job = bloom.next_segment()
     assert (job.trial, job.start, job.stop) == (3, 0, 3)
 
 
 def test_the_slope_at_a_higher_rung_reads_the_previous_rungs_value() -> None:
     bloom = Bloom(1, 27, 3, max_trials=3, slope_weight=1.0)  # rungs 3, 9, 27
-    for job in [bloom.next_job() for _ in range(3)]:
+    for job in [bloom.next_segment() for _ in range(3)]:
         bloom.on_result(Result(job.trial, 3, 0.5 + job.trial / 10))
-    job = bloom.next_job()  # trial 0 to rung 9; its segment reports epochs 4..8
+    job = bloom.next_segment()  # trial 0 to rung 9; its segment reports epochs 4..8
     history = tuple((e, 0.5) for e in range(4, 9))
     bloom.on_result(Result(job.trial, 9, 0.2, history=history))
     # Half of 9 is 4.5: the slope runs from the last report at or below it (epoch 4).
@@ -141,11 +140,11 @@ def test_the_slope_at_a_higher_rung_reads_the_previous_rungs_value() -> None:
 
 def test_a_failed_segment_fails_its_trial_and_never_enters_a_rung() -> None:
     bloom = Bloom(1, 9, 3, max_trials=4, promotions=1)
-    jobs = [bloom.next_job() for _ in range(4)]
+    jobs = [bloom.next_segment() for _ in range(4)]
     assert bloom.on_result(Result(jobs[0].trial, 3, math.nan, failed=True))[0].action is Action.FAIL
     for job, value in zip(jobs[1:], (0.3, 0.2, 0.4), strict=True):
         bloom.on_result(Result(job.trial, 3, value))
-    assert bloom.next_job().trial == jobs[2].trial  # the best of the three that finished
+    assert bloom.next_segment().trial == jobs[2].trial  # the best of the three that finished
 
 
 def test_every_trial_ends_complete_or_stopped() -> None:
@@ -169,7 +168,7 @@ def test_stopping_asha_rungs_are_anchored_at_the_bottom() -> None:
 def test_stopping_asha_keeps_the_top_third_of_what_came_before() -> None:
     asha = StoppingAsha(1, 9, 3)
     losses = [0.5, 0.4, 0.45, 0.9, 0.1]
-    jobs = [asha.next_job() for _ in losses]
+    jobs = [asha.next_segment() for _ in losses]
     actions = [
         asha.on_result(Result(j.trial, j.stop, loss))[0].action
         for j, loss in zip(jobs, losses, strict=True)
@@ -178,16 +177,16 @@ def test_stopping_asha_keeps_the_top_third_of_what_came_before() -> None:
     # 0.9 > everything. 0.1 beats everything.
     assert actions == [Action.PROMOTE, Action.PROMOTE, Action.STOP, Action.STOP, Action.PROMOTE]
     # Survivors continue before new trials, in the order they were kept.
-    assert [asha.next_job().trial for _ in range(3)] == [0, 1, 4]
+    assert [asha.next_segment().trial for _ in range(3)] == [0, 1, 4]
 
 
 def test_stopping_asha_completes_at_max_resource_and_stops_nan() -> None:
     asha = StoppingAsha(1, 3, 3, max_trials=2)
-    a, b = asha.next_job(), asha.next_job()
-    assert asha.next_job() is None
+    a, b = asha.next_segment(), asha.next_segment()
+    assert asha.next_segment() is None
     asha.on_result(Result(a.trial, 1, 0.5))
     assert asha.on_result(Result(b.trial, 1, math.inf))[0].action is Action.STOP
-    job = asha.next_job()
+    job = asha.next_segment()
     assert (job.start, job.stop) == (1, 3)
     assert asha.on_result(Result(job.trial, 3, 0.2))[0].action is Action.COMPLETE
 
@@ -202,9 +201,10 @@ def test_stopping_asha_names_bad_arguments() -> None:
 def test_the_docstring_examples_run() -> None:
     import doctest
 
-    import planners.mftpe
-    import planners.schedulers.bloom
-    import planners.schedulers.stopping_asha
+    import benchmarks.baselines.stopping_asha
+    import planners.samplers.mftpe
+    import planners.search.schedulers.bloom
 
-    for module in (planners.schedulers.bloom, planners.schedulers.stopping_asha, planners.mftpe):
+    bloom, stopping_asha = planners.search.schedulers.bloom, benchmarks.baselines.stopping_asha
+    for module in (bloom, stopping_asha, planners.samplers.mftpe):
         assert doctest.testmod(module).failed == 0

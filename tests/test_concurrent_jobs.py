@@ -20,7 +20,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from planners.loop import StudyJournal
+from planners.search import StudyJournal
 from tasks.tracking import Tracker
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]

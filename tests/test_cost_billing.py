@@ -6,8 +6,8 @@ import pytest
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.billing import BillingRule
 from planners.cost.catalog import parse_catalog
-from planners.cost.profile import Profile
 from planners.cost.simulate import PlanSimulator
+from planners.staging import Profile
 
 PER_SECOND = BillingRule(quantum_s=1, min_charge_s=60)
 HOURLY = BillingRule(quantum_s=3600, min_charge_s=3600)

@@ -6,8 +6,8 @@ import pytest
 
 from planners.cost import InfeasibleError, plan_job
 from planners.cost.catalog import parse_catalog
-from planners.cost.profile import Profile
 from planners.spec import SpecError, parse_job
+from planners.staging import Profile
 
 CATALOG = parse_catalog(
     {

@@ -6,8 +6,9 @@ from fractions import Fraction
 import pytest
 
 from planners.cost.catalog import read_catalog
-from planners.cost.profile import Profile, ProfileError, Timing
-from planners.spec import ProfileSpec, SpecError, parse_job
+from planners.spec import SpecError, parse_job
+from planners.spec.model import ProfileSpec
+from planners.staging import Profile, ProfileError, Timing
 
 JOB = {
     "name": "d",

@@ -6,12 +6,11 @@ import math
 import pytest
 
 from planners.cost.catalog import parse_catalog
-from planners.cost.profile import Profile
 from planners.cost.rubberband import RubberBand
 from planners.cost.simulate import PlanSimulator
 from planners.cost.sizing import build_stage, chains_of, split
-from planners.plan import Stage, compile_plan
 from planners.spec import SpecError, parse_job
+from planners.staging import Profile, Stage, compile_plan
 
 NODE = {"gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}
 CATALOG = parse_catalog({"instance_types": {"p3.8xlarge": NODE}})

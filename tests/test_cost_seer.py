@@ -3,9 +3,9 @@
 import pytest
 
 from planners.cost.catalog import parse_catalog
-from planners.cost.profile import Profile
 from planners.cost.seer import Seer, solve, stage_gpus, survivors
 from planners.cost.simulate import PlanSimulator
+from planners.staging import Profile
 
 SPEED = {1: 1.0, 2: 1.8, 4: 3.2, 8: 5.6}  # epochs per hour on g GPUs
 

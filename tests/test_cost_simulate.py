@@ -6,9 +6,8 @@ import pytest
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.baselines import static_pool
 from planners.cost.catalog import parse_catalog
-from planners.cost.profile import Profile
 from planners.cost.simulate import PlanSimulator
-from planners.placement import nodes_needed
+from planners.staging import Profile, nodes_needed
 
 # §5.6: 4-GPU nodes at $12.24/h, 3 min to become ready, billed from request; 12 min per
 # epoch on 1 GPU, S = {2: 1.8, 4: 3.2}; SHA with (8, 4, 2) trials training (1, 2, 4) epochs.

@@ -11,12 +11,10 @@ from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.catalog import parse_catalog
 from planners.cost.gantt import draw_gantt
 from planners.cost.outcome import upper_quantile
-from planners.cost.profile import Profile
 from planners.cost.rubberband import RubberBand
 from planners.cost.simulate import PlanSimulator
-from planners.placement import nodes_needed
-from planners.plan import Stage
 from planners.spec import SpecError, parse_job
+from planners.staging import Profile, Stage, nodes_needed
 
 # ALGORITHMS.md §5.6: 4-GPU nodes at $12.24/h, 3 min to become ready; 12 min per epoch on
 # 1 GPU, S = {2: 1.8, 4: 3.2}; SHA with (8, 4, 2) trials training (1, 2, 4) epochs.

@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from flows.cli import main
-from planners.schedulers.base import Segment
+from planners.search import Segment
 from tasks.tracking import Tracker
 from tasks.train import JobRef, mps_running, run_segment
 
@@ -114,7 +114,7 @@ def test_a_local_job_hands_its_segments_the_machines_devices(tmp_path, stores, c
 
 CHILD = """
 import sys, torch
-from planners.schedulers.base import Segment
+from planners.search import Segment
 from tasks.tracking import Tracker
 from tasks.train import JobRef, run_segment
 store = sys.argv[1]

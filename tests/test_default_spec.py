@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from planners.mftpe import MultiFidelityTpeSampler
-from planners.schedulers import make_scheduler
-from planners.schedulers.bloom import Bloom
-from planners.simulator import RowDraw, TableSampler, _study, simulate, table_sampler
-from planners.space import make_sampler
-from planners.spec import SpecError, parse_job
+from planners.samplers import MultiFidelityTpeSampler
+from planners.search import make_scheduler
+from planners.search.schedulers import Bloom
+from planners.sim import simulate
+from planners.sim.configs import RowDraw, TableSampler, study_for, table_sampler
+from planners.spec import SpecError, make_sampler, parse_job
 
 BASE = {
     "name": "d",
@@ -67,7 +67,9 @@ def test_on_a_table_mf_tpe_chooses_rows_and_named_samplers_keep_the_permutation(
     assert isinstance(table_sampler(named, TABLE, RowDraw(20, 0), seed=0), TableSampler)
     # With replacement there is nothing to choose among: rows are drawn as before.
     assert isinstance(table_sampler(default, TABLE, RowDraw(20, 0, True), seed=0), TableSampler)
-    assert isinstance(_study(default, Toy(), 0, True, False, None).sampler, MultiFidelityTpeSampler)
+    assert isinstance(
+        study_for(default, Toy(), 0, True, False, None).sampler, MultiFidelityTpeSampler
+    )
 
 
 class Toy:
@@ -76,7 +78,7 @@ class Toy:
     name, max_resource, table = "toy-table", 9, TABLE
 
     def curve(self, config):
-        from planners.simulator import Curve
+        from planners.sim import Curve
 
         return Curve([config["x"] * e / 9 for e in range(1, 10)], [float(e) for e in range(1, 10)])
 

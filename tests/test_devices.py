@@ -14,7 +14,7 @@ import yaml
 import flows.tune
 import tasks.train
 from flows.cli import main
-from planners.devices import LocalDevices
+from planners.staging import LocalDevices
 
 
 def test_segments_get_the_least_loaded_devices() -> None:

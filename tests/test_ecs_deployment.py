@@ -19,7 +19,7 @@ from prefect.deployments import run_deployment
 from flows.pools import segment_deployment
 from flows.segment import flow_parameters
 from infra.template import gpu_job_variables
-from planners.schedulers.base import Segment
+from planners.search import Segment
 from tasks.train import JobRef
 
 pytestmark = pytest.mark.slow

@@ -18,9 +18,9 @@ import re
 import pytest
 import torch
 
-from planners.plan import compile_plan
-from planners.schedulers.base import Segment
+from planners.search import Segment
 from planners.spec import SpecError, parse_job
+from planners.staging import compile_plan
 from tasks.tracking import Tracker
 from tasks.train import JobRef, SegmentReport, check_plan, run_segment, width_problem
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
-from planners.loop import StudyJournal, TuningLoop
-from planners.schedulers.base import Result
-from planners.space import distributions
-from planners.spec import parse_job
+from planners.search import Result, StudyJournal, TuningLoop
+from planners.spec import distributions, parse_job
 
 JOB = {
     "name": "t",

@@ -1,4 +1,4 @@
-"""planners/lcbench_data.py: the shipped surrogate, the table made from it, its cache and the
+"""planners/sim/lcbench_data.py: the shipped surrogate, the table made from it, its cache and the
 lookup order. The session's cache is a temporary folder (tests/conftest.py), so task 3945 is
 made once per session and the other tests read it."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import planners
-from planners import lcbench_data
-from planners.lcbench_data import FOLDER, TABLE, cache_dir, data_dir, task_table
+from planners.sim import lcbench_data
+from planners.sim.lcbench_data import FOLDER, TABLE, cache_dir, data_dir, task_table
 from planners.spec import SpecError
 
 # Task 3945 of the 1000-configuration table as first made (onnxruntime 1.31, x86):

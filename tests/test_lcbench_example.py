@@ -7,7 +7,7 @@ import io
 import pytest
 
 from examples.lcbench import train
-from planners.lcbench import LCBenchSurrogate, LCBenchTable
+from planners.sim import LCBenchSurrogate, LCBenchTable
 from tasks.context import TrialContext
 
 

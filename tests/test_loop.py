@@ -4,8 +4,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from planners.loop import StudyJournal, TuningLoop
-from planners.schedulers.base import Result
+from planners.search import Result, StudyJournal, TuningLoop
 from planners.spec import parse_job
 
 JOB = {

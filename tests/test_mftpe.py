@@ -16,8 +16,9 @@ from optuna.distributions import (
 )
 from optuna.trial import TrialState
 
-from planners.mftpe import MultiFidelityTpeSampler, from_unit, to_unit
-from planners.simulator import RowDraw
+from planners.samplers import MultiFidelityTpeSampler
+from planners.samplers.mftpe import from_unit, to_unit
+from planners.sim.configs import RowDraw
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

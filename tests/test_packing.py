@@ -10,16 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planners.cost.profile import Profile
-from planners.packing import (
-    Assignment,
-    DynamicFluid,
-    Packer,
-    Schedule,
-    StaticFluid,
-    Work,
-    fifo_makespan,
-)
+from planners.staging import Assignment, DynamicFluid, Packer, Profile, Schedule, StaticFluid, Work
+from planners.staging.fluid import fifo_makespan
 
 SUBLINEAR = Profile.from_speeds({2: 1.8, 4: 3.2})
 HOUR = 3600.0
@@ -34,7 +26,7 @@ def check_valid(packer: Packer, group: list[Work], schedule: Schedule) -> None:
     profile = packer.profile
     work = {x.trial: x for x in group}
     trained: dict[int, float] = defaultdict(float)
-    for p in schedule.placements:
+    for p in schedule.rectangles:
         assert {g // packer.gpus_per_node for g in p.gpus} == {p.node}
         assert len(p.gpus) == max(1, int(p.width))
         speed = profile.speed(Fraction(p.width).limit_denominator(1000))
@@ -42,13 +34,13 @@ def check_valid(packer: Packer, group: list[Work], schedule: Schedule) -> None:
     for t, x in work.items():
         assert trained[t] / x.seconds_per_unit == pytest.approx(x.resource, rel=1e-6)
     # Sweep every rectangle's start: the GPUs it holds then must have room for it.
-    for p in schedule.placements:
+    for p in schedule.rectangles:
         if p.end - p.start <= 1e-12:
             continue
         for gpu in p.gpus:
             live = [
                 q
-                for q in schedule.placements
+                for q in schedule.rectangles
                 if gpu in q.gpus and q.start <= p.start < q.end - 1e-9 and q.end - q.start > 1e-12
             ]
             if p.width >= 1:
@@ -72,7 +64,7 @@ def test_linear_scaling_finishes_everyone_at_the_area_bound():
     schedule = packer.pack(group)
     check_valid(packer, group, schedule)
     assert schedule.widths == {0: 4, 1: 2, 2: 1, 3: 1}
-    assert {p.end for p in schedule.placements} == {600.0}
+    assert {p.end for p in schedule.rectangles} == {600.0}
     assert schedule.lower_bound == 600.0
 
 
@@ -81,7 +73,7 @@ def test_sublinear_scaling_is_optimal_at_12_5_minutes():
     group = group_of([40, 20, 10, 10], 60.0)
     schedule = packer.pack(group)
     check_valid(packer, group, schedule)
-    ends = sorted((p.trial, round(p.end / 60, 1)) for p in schedule.placements)
+    ends = sorted((p.trial, round(p.end / 60, 1)) for p in schedule.rectangles)
     assert ends == [(0, 12.5), (1, 11.1), (2, 10.0), (3, 10.0)]
     assert schedule.makespan == pytest.approx(12.5 * 60)
     assert schedule.lower_bound == pytest.approx(max(80 / 8, 40 / 3.2) * 60)
@@ -103,7 +95,7 @@ def test_multiplexing_runs_eight_trials_at_once_on_four_gpus():
     assert alone.makespan == 2 * HOUR
     assert shared.makespan == pytest.approx(HOUR / 0.85)
     assert set(shared.widths.values()) == {0.5}
-    assert {p.start for p in shared.placements} == {0.0}
+    assert {p.start for p in shared.rectangles} == {0.0}
     assert shared.makespan == pytest.approx(shared.lower_bound)
 
 
@@ -392,6 +384,8 @@ def test_with_sharing_no_rigid_schedule_meets_twice_the_bound():
 def test_docstring_examples_run():
     import doctest
 
-    import planners.packing
+    import planners.staging.fluid
+    import planners.staging.packing
 
-    assert doctest.testmod(planners.packing).failed == 0
+    assert doctest.testmod(planners.staging.packing).failed == 0
+    assert doctest.testmod(planners.staging.fluid).failed == 0

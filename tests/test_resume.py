@@ -15,7 +15,7 @@ import optuna
 import pytest
 import yaml
 
-from planners.loop import StudyJournal
+from planners.search import StudyJournal
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,19 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from planners.explore import draw, explore, perturb
-from planners.geometry import sha_bracket
-from planners.schedulers import make_scheduler
-from planners.schedulers.asha import Asha
-from planners.schedulers.base import Action, Result
-from planners.schedulers.fifo import Fifo
-from planners.schedulers.hyperband import Hyperband
-from planners.schedulers.median import MedianStopping
-from planners.schedulers.optuna_pruner import PrunerScheduler
-from planners.schedulers.pbt import Pbt
-from planners.schedulers.repeat import Repeat
-from planners.schedulers.sha import SuccessiveHalving
+from benchmarks.baselines import PrunerScheduler, Repeat
+from planners.search import Action, Result, make_scheduler
+from planners.search.explore import draw, explore, perturb
+from planners.search.schedulers import Asha, Fifo, Hyperband, MedianStopping, Pbt, SuccessiveHalving
 from planners.spec import SpecError, parse_job
+from planners.spec.geometry import sha_bracket
 
 JOB = {
     "name": "t",
@@ -44,7 +37,7 @@ SPACE = {
 
 def test_fifo_trains_every_trial_to_the_top_and_fails_failures():
     fifo = Fifo(9, max_trials=3)
-    jobs = [fifo.next_job() for _ in range(4)]
+    jobs = [fifo.next_segment() for _ in range(4)]
     assert [(j.trial, j.start, j.stop) for j in jobs[:3]] == [(0, 0, 9), (1, 0, 9), (2, 0, 9)]
     assert jobs[3] is None
     assert fifo.on_result(Result(0, 9, 0.2))[0].action is Action.COMPLETE
@@ -57,7 +50,7 @@ def test_fifo_trains_every_trial_to_the_top_and_fails_failures():
 def _run_to(rule: MedianStopping, losses: dict[int, list[float]]) -> dict[int, Action]:
     """Drive trials one segment at a time; ``losses[t][k]`` is trial t's loss at end k."""
     last: dict[int, Action] = {}
-    while (job := rule.next_job()) is not None:
+    while (job := rule.next_segment()) is not None:
         loss = losses[job.trial][job.rung]
         last[job.trial] = rule.on_result(Result(job.trial, job.stop, loss))[0].action
     return last
@@ -80,7 +73,7 @@ def test_median_rule_waits_for_grace_period_and_enough_samples():
     # grace 3: the worst trial survives ends 1 and 2 and is stopped at 3.
     rule = MedianStopping(1, 4, grace_period=3, min_samples_required=3, max_trials=4)
     seen = []
-    while (job := rule.next_job()) is not None:
+    while (job := rule.next_segment()) is not None:
         action = rule.on_result(Result(job.trial, job.stop, losses[job.trial][job.rung]))[0]
         seen.append((job.trial, job.stop, action.action))
     assert (3, 2, Action.PROMOTE) in seen
@@ -93,13 +86,13 @@ def test_median_rule_waits_for_grace_period_and_enough_samples():
 def test_median_rule_uses_the_history_inside_a_segment():
     # Segments of 2: the mean over the reports at 1 and 2 decides, not only the last one.
     rule = MedianStopping(2, 4, grace_period=1, min_samples_required=1, max_trials=2)
-    a, b = rule.next_job(), rule.next_job()
+    a, b = rule.next_segment(), rule.next_segment()
     rule.on_result(Result(a.trial, 2, 0.5, history=((1, 0.5),)))
     # b's best (0.45) beats a's running mean (0.5) though its history was bad.
     decision = rule.on_result(Result(b.trial, 2, 0.45, history=((1, 0.9),)))
     assert decision[0].action is Action.PROMOTE
     c = MedianStopping(2, 4, grace_period=1, min_samples_required=1, max_trials=2)
-    a, b = c.next_job(), c.next_job()
+    a, b = c.next_segment(), c.next_segment()
     c.on_result(Result(a.trial, 2, 0.5, history=((1, 0.1),)))  # running mean 0.3
     assert c.on_result(Result(b.trial, 2, 0.45, history=((1, 0.9),)))[0].action is Action.STOP
 
@@ -128,7 +121,7 @@ def _pbt(**kwargs) -> Pbt:
 
 def test_pbt_population_starts_with_its_own_configs_inside_the_space():
     pbt = _pbt()
-    jobs = [pbt.next_job() for _ in range(5)]
+    jobs = [pbt.next_segment() for _ in range(5)]
     assert jobs[4] is None
     assert [(j.trial, j.start, j.stop) for j in jobs[:4]] == [(t, 0, 3) for t in range(4)]
     for job in jobs[:4]:
@@ -138,39 +131,39 @@ def test_pbt_population_starts_with_its_own_configs_inside_the_space():
 
 def test_pbt_bottom_member_exploits_a_top_member_and_explores_its_config():
     pbt = _pbt(population_size=8)
-    jobs = {job.trial: job for job in (pbt.next_job() for _ in range(8))}
+    jobs = {job.trial: job for job in (pbt.next_segment() for _ in range(8))}
     # Worst first: each arrival is the best so far, so nobody exploits in the first round.
     for trial in reversed(range(8)):
         pbt.on_result(Result(trial, 3, loss=trial / 10))
-    assert [(j.trial, j.start, j.clone_from) for j in (pbt.next_job() for _ in range(8))] == [
+    assert [(j.trial, j.start, j.clone_from) for j in (pbt.next_segment() for _ in range(8))] == [
         (t, 3, None) for t in reversed(range(8))
     ]
     # Trial 7 is in the bottom ceil(8 * 0.25) = 2: it copies a top-2 member's checkpoint,
     # which is still at resource 3, and explores that member's configuration.
     pbt.on_result(Result(7, 6, loss=0.75))
-    job = pbt.next_job()
+    job = pbt.next_segment()
     assert (job.trial, job.start, job.stop) == (7, 3, 6)
     assert job.clone_from in (0, 1)
     assert job.config == pbt.configs[7] != jobs[job.clone_from].config
     assert set(job.config) == set(SPACE)
     # A middling member just continues with its own configuration.
     pbt.on_result(Result(3, 6, loss=0.3))
-    job = pbt.next_job()
+    job = pbt.next_segment()
     assert (job.trial, job.start, job.stop, job.clone_from, job.config) == (3, 6, 9, None, None)
 
 
 def test_pbt_members_complete_at_max_resource_and_failed_are_no_donors():
     pbt = _pbt(population_size=2, max_resource=3)
-    a, b = pbt.next_job(), pbt.next_job()
+    a, b = pbt.next_segment(), pbt.next_segment()
     assert pbt.on_result(Result(a.trial, 3, 0.1))[0].action is Action.COMPLETE
     assert pbt.on_result(Result(b.trial, 3, 0.2, failed=True))[0].action is Action.FAIL
-    assert pbt.next_job() is None
+    assert pbt.next_segment() is None
 
 
 def test_pbt_equal_seeds_give_equal_populations():
-    first = [(j.trial, j.config) for j in (_pbt(seed=5).next_job() for _ in range(4))]
-    again = [(j.trial, j.config) for j in (_pbt(seed=5).next_job() for _ in range(4))]
-    other = [(j.trial, j.config) for j in (_pbt(seed=6).next_job() for _ in range(4))]
+    first = [(j.trial, j.config) for j in (_pbt(seed=5).next_segment() for _ in range(4))]
+    again = [(j.trial, j.config) for j in (_pbt(seed=5).next_segment() for _ in range(4))]
+    other = [(j.trial, j.config) for j in (_pbt(seed=6).next_segment() for _ in range(4))]
     assert first == again != other
 
 
@@ -218,14 +211,14 @@ def test_pruner_adapter_stops_what_optunas_sha_pruner_prunes():
     pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
     sha = PrunerScheduler(pruner, 9, max_trials=4)
     assert sha.levels == list(range(1, 10))
-    jobs = [sha.next_job() for _ in range(4)]
+    jobs = [sha.next_segment() for _ in range(4)]
     actions = [sha.on_result(Result(j.trial, 1, loss))[0].action for j, loss in
                zip(jobs, [0.5, 0.4, 0.6, 0.1], strict=False)]  # fmt: skip
     # Stopping-type: the first arrival continues, later ones must beat the rung's top 1/3.
     assert actions == [Action.PROMOTE, Action.PROMOTE, Action.STOP, Action.PROMOTE]
-    assert sha.next_job().trial == 0  # continuing trials go first
-    assert sha.next_job() is not None and sha.next_job() is not None
-    assert sha.next_job() is None  # max_trials reached, nobody waiting
+    assert sha.next_segment().trial == 0  # continuing trials go first
+    assert sha.next_segment() is not None and sha.next_segment() is not None
+    assert sha.next_segment() is None  # max_trials reached, nobody waiting
 
 
 def test_pruner_adapter_checking_only_at_rungs_matches_every_epoch():
@@ -235,7 +228,7 @@ def test_pruner_adapter_checking_only_at_rungs_matches_every_epoch():
         rng = np.random.default_rng(0)
         quality = rng.random(30)
         outcome = {}
-        while (job := sched.next_job()) is not None:
+        while (job := sched.next_segment()) is not None:
             loss = lambda r, q=quality[job.trial]: q / r  # noqa: E731
             history = tuple((r, loss(r)) for r in range(int(job.start) + 1, int(job.stop)))
             result = Result(job.trial, job.stop, loss(job.stop), history=history)
@@ -253,9 +246,9 @@ def test_pruner_adapter_checking_only_at_rungs_matches_every_epoch():
 
 def test_repeat_starts_a_new_copy_when_workers_would_idle():
     sha = Repeat(lambda: SuccessiveHalving(sha_bracket(3, 1, 3, 3)), 3, max_trials=6)
-    first = [sha.next_job() for _ in range(3)]
-    second = [sha.next_job() for _ in range(3)]
-    assert sha.next_job() is None  # a third copy would pass max_trials
+    first = [sha.next_segment() for _ in range(3)]
+    second = [sha.next_segment() for _ in range(3)]
+    assert sha.next_segment() is None  # a third copy would pass max_trials
     assert [j.trial for j in first + second] == list(range(6))
     for job, loss in zip(first, [0.3, 0.1, 0.2], strict=False):
         decisions = sha.on_result(Result(job.trial, 1, loss))
@@ -264,7 +257,7 @@ def test_repeat_starts_a_new_copy_when_workers_would_idle():
         1: Action.PROMOTE,
         2: Action.STOP,
     }
-    promoted = sha.next_job()  # the older copy goes first
+    promoted = sha.next_segment()  # the older copy goes first
     assert (promoted.trial, promoted.start, promoted.stop) == (1, 1, 3)
 
 

@@ -1,12 +1,11 @@
-from planners.geometry import sha_bracket
-from planners.schedulers.base import Action, Decision, Result
-from planners.schedulers.hyperband import Hyperband
-from planners.schedulers.sha import SuccessiveHalving
+from planners.search import Action, Decision, Result
+from planners.search.schedulers import Hyperband, SuccessiveHalving
+from planners.spec.geometry import sha_bracket
 
 
 def drain(scheduler):
     jobs = []
-    while (job := scheduler.next_job()) is not None:
+    while (job := scheduler.next_segment()) is not None:
         jobs.append(job)
     return jobs
 
@@ -18,7 +17,7 @@ def test_sha_waits_at_the_barrier_then_promotes_the_best_third_resuming() -> Non
     losses = [0.5, 0.4, 0.6, 0.3, 0.55, 0.45, 0.35, 0.7, 0.2]
     for job, loss in zip(rung0[:-1], losses, strict=False):
         assert sha.on_result(Result(job.trial, 1, loss)) == [Decision(job.trial, Action.PAUSE, 0)]
-        assert sha.next_job() is None  # barrier: one result missing
+        assert sha.next_segment() is None  # barrier: one result missing
     decisions = sha.on_result(Result(rung0[-1].trial, 1, losses[-1]))
     promoted = [d.trial for d in decisions if d.action is Action.PROMOTE]
     assert promoted == [8, 3, 6]  # .20, .30, .35
@@ -43,7 +42,7 @@ def test_top_rung_results_complete_the_trials() -> None:
         sha.on_result(Result(job.trial, 1, job.trial))
     (final,) = drain(sha)
     assert sha.on_result(Result(final.trial, 3, 0.0))[-1].action is Action.COMPLETE
-    assert sha.done and sha.next_job() is None
+    assert sha.done and sha.next_segment() is None
 
 
 def test_hyperband_fills_idle_workers_from_the_next_bracket() -> None:

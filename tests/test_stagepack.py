@@ -14,11 +14,9 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from planners.cost.profile import Profile
-from planners.plan import Plan, Stage, compile_plan
-from planners.schedulers.base import Segment
+from planners.search import Segment
 from planners.spec import parse_job
-from planners.stagepack import StagePacker, stage_packer
+from planners.staging import Plan, Profile, Stage, StagePacker, compile_plan, stage_packer
 
 JOB = {
     "name": "wide",

@@ -46,7 +46,7 @@ def test_no_checkpoint_means_a_fresh_trial(tmp_path: Path) -> None:
 
 
 def test_a_segment_whose_report_was_lost_is_recovered_not_failed(tmp_path: Path) -> None:
-    from planners.schedulers.base import Segment
+    from planners.search import Segment
     from tasks.train import JobRef, run_segment
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -64,7 +64,7 @@ def test_a_segment_whose_report_was_lost_is_recovered_not_failed(tmp_path: Path)
 
 
 def test_a_segment_resumed_mid_way_reports_the_epochs_before_the_crash(tmp_path: Path) -> None:
-    from planners.schedulers.base import Segment
+    from planners.search import Segment
     from tasks.train import JobRef, run_segment
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"

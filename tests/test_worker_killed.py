@@ -30,7 +30,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 
 from flows.cli import main
-from planners.schedulers.base import Segment
+from planners.search import Segment
 from tasks.tracking import Tracker
 from tasks.train import JobRef, report_name, run_segment
 from tests.prefect_server import running_worker, segment_runs
@@ -143,7 +143,7 @@ def test_killed_worker_process_is_retried_from_the_checkpoint(
 
 SEGMENT = """
 import json, sys
-from planners.schedulers.base import Segment
+from planners.search import Segment
 from tasks.train import JobRef, run_segment
 job, segment, run_id = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 run_segment(JobRef(**job), Segment(**segment), {"x": 0.5}, run_id)

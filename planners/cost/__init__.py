@@ -1,14 +1,14 @@
-"""Cost planning (ALGORITHMS.md §4-§5): catalog, profile, billing, simulator, planners.
+"""Cost planning (ALGORITHMS.md §4-§5): catalog, billing, simulator, planners.
 
 ``plan_job(spec, planner, catalog)`` is the entry point; ``draw_gantt`` (in
 ``planners.cost.gantt``, which imports matplotlib) draws its report.
 
 The modules, from the inputs up: ``catalog`` and ``billing`` (instance types and their
-prices), ``profile`` (the speed profile that the cost planner, the Fluid packer and the
-tuning simulator share), ``allocation`` (plans: GPUs per trial, instance type and nodes per
-stage), ``simulate`` (``PlanSimulator``: JCT and cost by Monte Carlo, with ``draws``,
-``pool``, ``outcome`` and ``trace``), the planners ``rubberband`` (with ``sizing``) and
-``seer``, the ``baselines``, and ``job`` and ``report`` (a job file in, a report out).
+prices; the speed profile they are timed with is :class:`planners.staging.Profile`),
+``allocation`` (plans: GPUs per trial, instance type and nodes per stage), ``simulate``
+(``PlanSimulator``: JCT and cost by Monte Carlo, with ``draws``, ``pool``, ``outcome`` and
+``trace``), the planners ``rubberband`` (with ``sizing``) and ``seer``, the ``baselines``,
+and ``job`` and ``report`` (a job file in, a report out).
 
 Example (a small SHA job on the built-in catalog: one GPU per trial on one node is the
 cheapest plan that meets the two-hour deadline):
@@ -32,14 +32,12 @@ cheapest plan that meets the two-hour deadline):
 
 from planners.cost.catalog import Catalog, parse_catalog, read_catalog
 from planners.cost.job import plan_job
-from planners.cost.profile import Profile
 from planners.cost.report import InfeasibleError, PlanReport, StageAllocation
 
 __all__ = [
     "Catalog",
     "InfeasibleError",
     "PlanReport",
-    "Profile",
     "StageAllocation",
     "parse_catalog",
     "plan_job",

@@ -15,10 +15,10 @@ the best static choice, not a strawman.
 
 Example:
     >>> from planners.cost.catalog import parse_catalog
-    >>> from planners.cost.profile import Profile
+    >>> from planners.staging import Profile
     >>> from planners.cost.rubberband import RubberBand
     >>> from planners.cost.simulate import PlanSimulator
-    >>> from planners.plan import Stage
+    >>> from planners.staging import Stage
     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
     >>> simulator = PlanSimulator(catalog, Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}))
@@ -40,7 +40,7 @@ from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.outcome import Outcome
 from planners.cost.simulate import PlanSimulator
 from planners.cost.sizing import fastest_stage, split
-from planners.plan import Stage
+from planners.staging import Stage
 
 
 @dataclass(frozen=True)

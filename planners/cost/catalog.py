@@ -20,7 +20,7 @@ Example:
     >>> parse_catalog({"instance_types": {}})
     Traceback (most recent call last):
     ...
-    planners.spec.SpecError: catalog: instance_types: the catalog lists no instance types
+    planners.spec.model.SpecError: catalog: instance_types: the catalog lists no instance types
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from numpy.typing import NDArray
 from pydantic import Field, ValidationError, field_validator
 
 from planners.cost.billing import BillingRule
-from planners.spec import SpecError, _format_error, _Strict
+from planners.spec import SpecError
+from planners.spec.model import _format_error, _Strict
 
 
 class Delay(_Strict):

@@ -35,13 +35,12 @@ from planners.cost.allocation import AllocationPlan
 from planners.cost.baselines import static_baselines
 from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.outcome import Outcome
-from planners.cost.profile import Profile
 from planners.cost.report import PlanReport, Problem, format_duration, rows_for
 from planners.cost.rubberband import Move, RubberBand
 from planners.cost.seer import Seer
 from planners.cost.simulate import PlanSimulator
-from planners.plan import compile_plan
 from planners.spec import JobSpec, SpecError
+from planners.staging import Profile, compile_plan
 
 PLANNERS = ("rubberband", "seer")
 

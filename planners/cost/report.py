@@ -18,8 +18,8 @@ from planners.cost.baselines import Baseline
 from planners.cost.catalog import Catalog
 from planners.cost.outcome import Outcome
 from planners.cost.trace import Trace
-from planners.placement import place
 from planners.spec import SpecError
+from planners.staging import place
 
 
 class InfeasibleError(SpecError):

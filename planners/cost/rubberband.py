@@ -40,9 +40,9 @@ and billing, no slower, no dearer, no slower to start) are skipped.
 
 Example (ALGORITHMS.md §5.6):
     >>> from planners.cost.catalog import parse_catalog
-    >>> from planners.cost.profile import Profile
+    >>> from planners.staging import Profile
     >>> from planners.cost.simulate import PlanSimulator
-    >>> from planners.plan import Stage
+    >>> from planners.staging import Stage
     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
     >>> simulator = PlanSimulator(catalog, Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}))
@@ -77,8 +77,8 @@ from planners.cost.sizing import (
     shrink_pool,
     split,
 )
-from planners.plan import Stage
 from planners.spec import SpecError
+from planners.staging import Stage
 
 _TOLERANCE = 1e-9  # a neighbour must be cheaper by more than float noise
 

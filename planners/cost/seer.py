@@ -35,8 +35,8 @@ from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.catalog import InstanceType
 from planners.cost.outcome import Outcome
 from planners.cost.simulate import PlanSimulator
-from planners.placement import nodes_needed
 from planners.spec import SpecError
+from planners.staging import nodes_needed
 
 _SLACK = 1e-9  # progress exactly on target (3 + 6 = 9 epochs) meets it
 

@@ -39,7 +39,7 @@ re-simulates one chain. Results are in ``planners.cost.outcome``, the nominal tr
 Example (ALGORITHMS.md §5.6, plan (4,4,4)):
     >>> from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
     >>> from planners.cost.catalog import parse_catalog
-    >>> from planners.cost.profile import Profile
+    >>> from planners.staging import Profile
     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
     >>> profile = Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2})
@@ -63,10 +63,9 @@ from planners.cost.catalog import Catalog, InstanceType
 from planners.cost.draws import DURATION, LIFETIME, QUEUE, SPOT, STARTUP, Draws
 from planners.cost.outcome import ChainRun, Outcome
 from planners.cost.pool import Array, NodePool
-from planners.cost.profile import Profile
 from planners.cost.trace import SegmentSpan, Trace
-from planners.packing import StaticFluid, Work, best_rigid
-from planners.placement import Placement, place
+from planners.staging import Profile, StaticFluid, Work, best_rigid, place
+from planners.staging.placement import Placement
 
 _MAX_ROUNDS = 1000  # replacements per node and stage before a stage counts as never ending
 
@@ -412,7 +411,7 @@ class PlanSimulator:
         """With packing, the stage as Fluid runs it (ALGORITHMS.md §6.3): its trials are
         packed over the stage's ``instances x gpus`` GPUs, each trial's workers on one node
         (StaticFluid, or one width for all where that is shorter:
-        :func:`planners.packing.best_rigid`), and take those widths; the nodes, and so the
+        :func:`planners.staging.fluid.best_rigid`), and take those widths; the nodes, and so the
         bill's shape, stay the plan's. Without packing, or where the widths would need a
         slot structure that best-fit placement cannot hold, the stage as planned."""
         if not self.packing or any(tier.resource <= 0 for tier in stage.tiers):

@@ -1,0 +1,78 @@
+"""Loading a job: YAML text or a mapping in, ``--set`` overrides applied, a validated
+:class:`~planners.spec.model.JobSpec` out, or one :class:`~planners.spec.model.SpecError`
+line naming the field. The named sampler's options are checked here too
+(:func:`planners.spec.space.check_sampler`), so a bad option fails before a study exists.
+
+Example:
+    >>> data = {"name": "demo", "trainable": "examples.digits:train", "metric": "acc",
+    ...         "space": {"lr": {"type": "float", "low": 1e-4, "high": 0.3, "log": True}}}
+    >>> apply_override(data, "scheduler.eta=4")
+    >>> parse_job(data).scheduler.eta
+    4
+    >>> parse_job({**data, "sampler": {"name": "tpe", "speed": 2}})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    planners.spec.model.SpecError: sampler.speed: not an option of TPESampler (accepted: ...)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from planners.spec.model import JobSpec, SpecError, _format_error
+from planners.spec.space import check_sampler
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one ``--set a.b.c=value``; the value is parsed as YAML (``3``, ``true``, ``[1,2]``)."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise SpecError(f"--set {assignment}: expected KEY=VALUE, e.g. scheduler.eta=4")
+    *parents, leaf = key.strip().split(".")
+    node = data
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SpecError(f"--set {assignment}: {part} is not a section")
+        node = child
+    try:
+        node[leaf] = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise SpecError(f"--set {assignment}: value is not valid YAML") from None
+
+
+def parse_job(data: Any, source: str = "job") -> JobSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_format_error(exc, source)) from None
+    check_sampler(spec)
+    return spec
+
+
+def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> JobSpec:
+    """Read, override and validate a job file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read job file ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{path}: malformed YAML{where}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+    for assignment in overrides:
+        apply_override(data, assignment)
+    return parse_job(data, str(path))
