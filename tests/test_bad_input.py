@@ -35,6 +35,12 @@ CASES = [
     ("unknown nested field", edit("scheduler.etaa", 3), "scheduler.etaa"),
     ("wrong type", edit("scheduler.eta", "three"), "scheduler.eta"),
     ("low > high", edit("space.x.low", 2.0), "space.x.high"),
+    ("low == high: identical trials", edit("space.x.low", 1.0), "space.x.high"),
+    (
+        "every parameter fixed",
+        edit("space.x", {"type": "categorical", "choices": [0.5]}),
+        "space: every parameter has a single value",
+    ),
     ("log with low <= 0", edit("space.x.log", True), "space.x.log"),
     (
         "log with step",

@@ -55,6 +55,11 @@ class _Range(_Strict):
         low = info.data.get("low")
         if low is not None and low > high:
             raise ValueError(f"high ({high}) must not be below low ({low})")
+        if low is not None and low == high:
+            raise ValueError(
+                f"high equals low ({low}): every trial would get the same value; to fix "
+                f"it, use {{type: categorical, choices: [{low}]}}"
+            )
         return high
 
     @field_validator("log", check_fields=False)
@@ -405,6 +410,21 @@ class JobSpec(_Strict):
         if isinstance(value, dict) and "name" not in value:
             return {"name": BloomSpec.model_fields["name"].default, **value}
         return value
+
+    @field_validator("space")
+    @classmethod
+    def _space_varies(cls, space: dict[str, Any]) -> dict[str, Any]:
+        fixed = [
+            name
+            for name, p in space.items()
+            if isinstance(p, CategoricalParam) and len(set(map(repr, p.choices))) == 1
+        ]
+        if len(fixed) == len(space):
+            raise ValueError(
+                "every parameter has a single value, so every trial would train the same "
+                "configuration; give at least one parameter a range or several choices"
+            )
+        return space
 
     @property
     def experiment(self) -> str:
