@@ -12,10 +12,13 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra.sizing import InfraError
 from planners.spec import JobSpec, SpecError, load_job
+
+if TYPE_CHECKING:
+    from planners.cost import Catalog, PlanReport
 
 BAD_INPUT, FAILED = 2, 1
 
@@ -81,14 +84,15 @@ def _print_run(summary: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
-    from tasks.train import load_trainable
+    from tasks.trainable import load_trainable
 
     load_trainable(spec.trainable)  # import errors are bad input: fail before creating anything
-    from flows.tune import new_job_id, tune
+    from flows.job import new_job_id
+    from flows.tune import tune_spec
 
     job_id = new_job_id(spec.name)
     print(f"job {job_id}", file=sys.stderr, flush=True)
-    return _finish(job_id, lambda: tune(args.job, _overrides(args), job_id), args.json)
+    return _finish(job_id, lambda: tune_spec(spec, job_id), args.json)
 
 
 def _quiet_optuna() -> None:
@@ -138,7 +142,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
         draw_gantt(report, args.gantt)
     _emit(report.to_dict(), args.json, lambda _: _print_plan(report))
     report.check()  # an infeasible deadline or budget is bad input: exit 2, naming it
+    # `run` plans with RubberBand: another planner's report does not say what it runs.
+    print(
+        _run_mode(spec, catalog, report if args.planner == "rubberband" else None), file=sys.stderr
+    )
     return 0
+
+
+def _run_mode(spec: JobSpec, catalog: Catalog | None, report: PlanReport | None) -> str:
+    """The mode line of ``elastune run`` for this job."""
+    from flows.compiled import compile_job
+    from tasks.trainable import TrainableError
+
+    try:
+        return str(compile_job(spec, catalog=catalog, report=report).execution.mode)
+    except TrainableError as exc:  # the plan prices the job; its code may live elsewhere
+        return f"mode: unknown here ({exc})"
 
 
 def _print_plan(report: Any) -> None:

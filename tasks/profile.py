@@ -25,7 +25,7 @@ from planners.space import distributions, make_sampler
 from planners.spec import JobSpec, SpecError
 from tasks.context import TrialContext
 from tasks.tracking import Tracker
-from tasks.train import load_trainable
+from tasks.trainable import load_trainable
 
 
 class _TimedContext(TrialContext):
