@@ -5,6 +5,15 @@ and what it can do, with the CUDA devices of a local job, decides the execution 
 (:func:`planners.execution.execution_plan`): the staged plan, the admission policy and the
 mode. The tune and resume flows compile a job once, before they create anything;
 ``elastune plan`` compiles the job it priced to say which mode ``run`` would give it.
+
+Example (a SHA job without a profile: its plan's three stages, ``compute.workers`` at once):
+    >>> from planners.spec import parse_job
+    >>> spec = parse_job({"name": "d", "trainable": "tests.trainables:quadratic",
+    ...     "metric": "val_accuracy", "space": {"x": {"type": "float", "low": 0, "high": 1}},
+    ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9}})
+    >>> compiled = compile_job(spec)
+    >>> len(compiled.execution.plan.stages), compiled.execution.admission
+    (3, WorkerCap(workers=2))
 """
 
 from __future__ import annotations

@@ -34,10 +34,11 @@ class Launcher:
     def __init__(
         self, job: JobRef, timeout: float | None, pool: PoolTarget | None, devices: int | None
     ):
-        self.job = job
+        self.ref = job
         self.timeout = timeout
         self.pool = pool
-        self.devices = None if pool is not None or devices is None else LocalDevices(devices)
+        # Which of the devices each running trial holds (local jobs with CUDA only).
+        self.assigned = None if pool is not None or devices is None else LocalDevices(devices)
         self._flight: dict[PrefectFuture[SegmentReport], Segment] = {}
 
     @property
@@ -53,12 +54,12 @@ class Launcher:
             # Prefect's timeout interrupts a trainable stuck in Python code; one blocked
             # inside a C call ends when the call returns (work-pool mode kills the process).
             train = train_segment.with_options(timeout_seconds=self.timeout)
-            ids = None if self.devices is None else self.devices.take(segment.trial, segment.gpus)
-            future = train.submit(self.job, segment, config, run_id, ids)
+            ids = None if self.assigned is None else self.assigned.take(segment.trial, segment.gpus)
+            future = train.submit(self.ref, segment, config, run_id, ids)
         else:
             variables = self.pool.job_variables(segment.gpus, instance_type)
             future = launch_segment.submit(
-                self.pool.deployment, self.job, segment, config, run_id, variables, self.timeout
+                self.pool.deployment, self.ref, segment, config, run_id, variables, self.timeout
             )
         self._flight[future] = segment
 
@@ -66,8 +67,8 @@ class Launcher:
         """Wait for the next segment to finish; it and its report."""
         future = next(as_completed(list(self._flight)))
         segment = self._flight.pop(future)
-        if self.devices is not None:
-            self.devices.release(segment.trial)
+        if self.assigned is not None:
+            self.assigned.release(segment.trial)
         try:
             return segment, future.result()
         except WorkerLost as exc:  # every retry lost its worker

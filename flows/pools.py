@@ -43,7 +43,7 @@ class WorkerLost(RuntimeError):
 class PoolTarget:
     """The pool a job's segments go to: its deployment, GPU variables and sizing backend."""
 
-    pool: str
+    name: str
     deployment: UUID
     gpu_variables: bool
     backend: PoolBackend
