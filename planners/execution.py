@@ -148,9 +148,7 @@ def _packer(
     types = set() if plan is None else {s.instance_type for s in plan.stages} - {None}
     # Only a planned plan names instance types, and then the catalog was read to plan it.
     node_gpus = {t: catalog.instance_types[t].gpus for t in types} if catalog else {}
-    packer = stage_packer(
-        spec, plan, distributed=distributed, devices=devices, node_gpus=node_gpus
-    )
+    packer = stage_packer(spec, plan, distributed=distributed, devices=devices, node_gpus=node_gpus)
     if packer is None and spec.compute.packing == "on":
         raise SpecError(f"compute.packing: on, but {_why_not_packed(spec, plan, distributed)}")
     return packer
@@ -163,7 +161,9 @@ def _why_not_packed(spec: JobSpec, plan: Plan | None, distributed: bool) -> str:
             "hyperband are packed"
         )
     if spec.profile is None or not Profile.from_spec(spec.profile).packable:
-        return "packing needs a profile: section that times one whole GPU (seconds_per_unit: {1: ...})"
+        return (
+            "packing needs a profile: section that times one whole GPU (seconds_per_unit: {1: ...})"
+        )
     trainable = "" if distributed else f", trainable {spec.trainable} is not distributed"
     return (
         "the profile gives no width that packs faster: no speedup above 1 GPU within reach "
