@@ -72,7 +72,6 @@ class Job:
     def __init__(self, compiled: CompiledJob, job_id: str, study: optuna.Study, runs: TrialRuns):
         self.compiled = compiled
         self.job_id = job_id
-        self.study = study
         self.runs = runs
         self.began = time.monotonic()
         self.storage = local_uri(self.spec.tracking.optuna_storage)

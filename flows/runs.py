@@ -63,9 +63,6 @@ class TrialRuns:
     def __getitem__(self, trial: int) -> str:
         return self.runs[trial]
 
-    def get(self, trial: int) -> str | None:
-        return self.runs.get(trial)
-
     def start(self, trial: int, config: dict[str, Any]) -> str:
         """The trial's run: one left untagged by a killed driver, or a new one."""
         run_id = self.untagged.pop(trial, None) or self.tracker.start_trial(
