@@ -12,10 +12,13 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra.sizing import InfraError
 from planners.spec import JobSpec, SpecError, load_job
+
+if TYPE_CHECKING:
+    from planners.cost import Catalog, PlanReport
 
 BAD_INPUT, FAILED = 2, 1
 
@@ -81,14 +84,15 @@ def _print_run(summary: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
-    from tasks.train import load_trainable
+    from tasks.trainable import load_trainable
 
     load_trainable(spec.trainable)  # import errors are bad input: fail before creating anything
-    from flows.tune import new_job_id, tune
+    from flows.job import new_job_id
+    from flows.tune import tune_spec
 
     job_id = new_job_id(spec.name)
     print(f"job {job_id}", file=sys.stderr, flush=True)
-    return _finish(job_id, lambda: tune(args.job, _overrides(args), job_id), args.json)
+    return _finish(job_id, lambda: tune_spec(spec, job_id), args.json)
 
 
 def _quiet_optuna() -> None:
@@ -138,7 +142,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
         draw_gantt(report, args.gantt)
     _emit(report.to_dict(), args.json, lambda _: _print_plan(report))
     report.check()  # an infeasible deadline or budget is bad input: exit 2, naming it
+    # `run` plans with RubberBand: another planner's report does not say what it runs.
+    print(
+        _run_mode(spec, catalog, report if args.planner == "rubberband" else None), file=sys.stderr
+    )
     return 0
+
+
+def _run_mode(spec: JobSpec, catalog: Catalog | None, report: PlanReport | None) -> str:
+    """The mode line of ``elastune run`` for this job."""
+    from flows.compiled import compile_job
+    from tasks.trainable import TrainableError
+
+    try:
+        return str(compile_job(spec, catalog=catalog, report=report).execution.mode)
+    except TrainableError as exc:  # the plan prices the job; its code may live elsewhere
+        return f"mode: unknown here ({exc})"
 
 
 def _print_plan(report: Any) -> None:
@@ -213,25 +232,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="elastune", description="Elastic, cost-aware hyperparameter tuning.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = commands.add_parser("run", help="run a tuning job")
-    run.add_argument("job", help="job file (YAML)")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
-    run.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
+    run = _job_command(commands, "run", "run a tuning job", cmd_run, "one JSON summary")
     run.add_argument("--pool", help="run segments on this Prefect work pool (compute.pool)")
-    run.set_defaults(handler=cmd_run)
 
-    plan = commands.add_parser("plan", help="dry run: staged plan, predicted time and cost")
-    plan.add_argument("job", help="job file (YAML)")
-    plan.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
-    plan.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    plan = _job_command(
+        commands,
+        "plan",
+        "dry run: staged plan, predicted time and cost",
+        cmd_plan,
+        "the plan as one JSON object",
+    )
     plan.add_argument("--gantt", metavar="FILE.png", help="draw stages, instances and trials")
     plan.add_argument("--planner", choices=("rubberband", "seer"), default="rubberband")
     plan.add_argument("--catalog", metavar="FILE.yaml", help="your own instance catalog")
-    plan.set_defaults(handler=cmd_plan)
 
-    sim = commands.add_parser("simulate", help="run the job in simulated time on a benchmark")
-    sim.add_argument("job", help="job file (YAML)")
-    sim.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    sim = _job_command(
+        commands, "simulate", "run the job in simulated time on a benchmark", cmd_simulate
+    )
     sim.add_argument(
         "--benchmark",
         required=True,
@@ -247,12 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RATE",
         help="interrupt each worker at this rate; segments resume from checkpoints",
     )
-    sim.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    sim.set_defaults(handler=cmd_simulate)
 
-    prof = commands.add_parser("profile", help="measure seconds per resource unit here")
-    prof.add_argument("job", help="job file (YAML)")
-    prof.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    prof = _job_command(commands, "profile", "measure seconds per resource unit here", cmd_profile)
     prof.add_argument("--units", type=int, default=3, help="resource units per config")
     prof.add_argument(
         "--shares",
@@ -262,8 +275,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="device shares to time: 1 (a whole device) and 1/k (k trials at once on it)",
     )
     prof.add_argument("--out", metavar="FILE.yaml", help="write the profile: section there")
-    prof.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    prof.set_defaults(handler=cmd_profile)
 
     again = commands.add_parser("resume", help="continue a job whose driver died")
     again.add_argument("job_id", help="the id printed as `job <ID>`")
@@ -275,6 +286,22 @@ def build_parser() -> argparse.ArgumentParser:
     again.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
     again.set_defaults(handler=cmd_resume)
     return parser
+
+
+def _job_command(
+    commands: Any,
+    name: str,
+    purpose: str,
+    handler: Callable[[argparse.Namespace], int],
+    prints: str = "one JSON object",
+) -> argparse.ArgumentParser:
+    """A command on a job file: the file, ``--set`` overrides and ``--json``."""
+    command = commands.add_parser(name, help=purpose)
+    command.add_argument("job", help="job file (YAML)")
+    command.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a field")
+    command.add_argument("--json", action="store_true", help=f"print {prints} on stdout")
+    command.set_defaults(handler=handler)
+    return command
 
 
 def main(argv: Sequence[str] | None = None) -> int:

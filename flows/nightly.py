@@ -10,7 +10,8 @@ from optuna.trial import TrialState
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from flows.tune import SPEC_ATTR, tune
+from flows.job import SPEC_ATTR
+from flows.tune import tune_spec
 from planners.spec import JobSpec, contains, load_job
 from tasks.tracking import local_uri
 
@@ -56,7 +57,7 @@ def tune_nightly(job_files: list[str], warm_start: int = 3) -> list[dict[str, An
         spec = load_job(job_file)
         source, configs = previous_best(spec, warm_start)
         try:
-            summary = tune(job_file, warm_start=configs)
+            summary = tune_spec(spec, warm_start=configs)
         except Exception as exc:  # one bad job must not stop the others
             logger.error("%s failed: %s", job_file, exc)
             failures.append(job_file)

@@ -1,5 +1,5 @@
 """Work-pool mode: each segment runs as a flow run of the pool's ``train-segment`` deployment,
-and the pool is sized stage by stage through an infra backend."""
+and the pool is sized stage by stage through an infra backend (:class:`PoolSizer`)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from infra.backends import make_backend
 from infra.pools import read_pool, wait_for_worker
 from infra.sizing import InfraError, PoolBackend
 from infra.template import gpu_job_variables
-from planners.search import Segment
+from planners.search.schedulers.base import Segment
 from planners.spec import JobSpec, SpecError
+from planners.execution import ExecutionPlan
 from tasks.tracking import Tracker
 from tasks.train import JobRef, SegmentReport, report_name
 
@@ -42,7 +43,7 @@ class WorkerLost(RuntimeError):
 class PoolTarget:
     """The pool a job's segments go to: its deployment, GPU variables and sizing backend."""
 
-    pool: str
+    name: str
     deployment: UUID
     gpu_variables: bool
     backend: PoolBackend
@@ -96,6 +97,46 @@ def segment_deployment(pool: str, pool_type: str) -> UUID:
         return source.deploy(
             name=pool, work_pool_name=pool, print_next_steps=False, ignore_warnings=True
         )
+
+
+class PoolSizer:
+    """Before segments of a new stage start, size the pool for the stages then active, as
+    the job's admission policy demands (:meth:`planners.admission.Admission.demand`). An
+    asynchronous job has no stages: its pool is sized once, for the whole job.
+
+    Args:
+        backend: The pool's sizing backend.
+        execution: The job's execution plan.
+        scheduler: The scheduler's name, the sizing action's name for an asynchronous job.
+    """
+
+    def __init__(self, backend: PoolBackend, execution: ExecutionPlan, scheduler: str):
+        self.backend = backend
+        self.execution = execution
+        self.scheduler = scheduler
+        self._active: set[tuple[int, int]] = set()  # (bracket, rung) of the stages running
+        self._sized = ""
+
+    def size(self, starting: list[Segment]) -> None:
+        plan = self.execution.plan
+        if plan is None:
+            stages, name = [], self.scheduler
+        else:
+            self._active |= {(s.bracket, s.rung) for s in starting}
+            stages = [plan.stage(*key) for key in sorted(self._active)]
+            if not stages:  # between stages with nothing to start: keep the pool as it is
+                return
+            name = "+".join(s.name for s in stages)
+        if name == self._sized:  # every change of the active stages is a sizing action
+            return
+        slots, gpus = self.execution.admission.demand(stages)
+        self.backend.size(name, slots, gpus, stages[-1].instance_type if stages else None)
+        self.backend.wait_ready(timeout=600)
+        self._sized = name
+
+    def stage_done(self, segment: Segment) -> None:
+        """The stage of ``segment`` has all its results: it no longer holds the pool."""
+        self._active.discard((segment.bracket, segment.rung))
 
 
 @task(

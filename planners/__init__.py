@@ -8,7 +8,9 @@ One package per concern; each imports only those listed before it:
 - ``staging``: the staged plan, the speed profile, Fluid packing, placement on nodes;
 - ``sim``: whole jobs in simulated time on learning-curve benchmarks (LCBench);
 - ``cost``: the cost planner (catalog, billing, plan simulator, RubberBand, SEER), which
-  uses ``spec`` and ``staging``.
+  uses ``spec`` and ``staging``;
+- ``execution``: a job compiled once into what runs (staged plan, admission, mode), with
+  the cost planner when the job is planned.
 
 Example (a job file's SHA ladder, compiled to the stages of its plan):
     >>> from planners.spec import parse_job

@@ -120,14 +120,7 @@ def run_distributed(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     device_ids = _device_ids(backend, world_size, devices)
-    try:
-        payload = pickle.dumps((fn, tuple(args), dict(kwargs or {})))
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise ValueError(
-            f"fn {getattr(fn, '__qualname__', fn)!r} and its arguments must be picklable "
-            f"(a module-level function) so that spawned ranks can import them: {exc}"
-        ) from None
-
+    payload = _payload(fn, args, kwargs)
     context = mp.get_context("forkserver")
     # Ranks fork from a server that imported torch (and fn's module, and ``preload``) once:
     # about 1 s per run instead of a fresh interpreter importing them per rank. The server
@@ -139,28 +132,9 @@ def run_distributed(
     with tempfile.TemporaryDirectory(prefix="elastune-dist-") as scratch:
         # A file store, not a TCP port: no port can be taken by someone else meanwhile.
         store = Path(scratch, "store").as_posix()
-        processes, pipes = [], {}
+        processes: list[Any] = []
         try:
-            for rank in range(world_size):
-                receive, send = context.Pipe(duplex=False)
-                process = context.Process(
-                    target=_rank_main,
-                    args=(
-                        rank,
-                        world_size,
-                        backend,
-                        store,
-                        device_ids[rank],
-                        payload,
-                        send,
-                        timeout,
-                    ),
-                    name=f"elastune-rank-{rank}",
-                )
-                process.start()
-                send.close()  # the child holds its end; EOF here then means it is gone
-                processes.append(process)
-                pipes[receive] = rank
+            pipes = _spawn(context, processes, backend, store, device_ids, payload, timeout)
             return _collect(processes, pipes, deadline, timeout)
         finally:
             for process in processes:
@@ -168,6 +142,45 @@ def run_distributed(
                 if process.is_alive():
                     process.kill()
                     process.join()
+
+
+def _payload(
+    fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any] | None
+) -> bytes:
+    try:
+        return pickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise ValueError(
+            f"fn {getattr(fn, '__qualname__', fn)!r} and its arguments must be picklable "
+            f"(a module-level function) so that spawned ranks can import them: {exc}"
+        ) from None
+
+
+def _spawn(
+    context: Any,
+    processes: list[Any],
+    backend: str,
+    store: str,
+    device_ids: list[int | None],
+    payload: bytes,
+    timeout: float,
+) -> dict[Connection, int]:
+    """Start one process per rank, appending each to ``processes`` as it starts (so the
+    caller can end those started if a later one fails); the pipe each reports on."""
+    world_size = len(device_ids)
+    pipes: dict[Connection, int] = {}
+    for rank in range(world_size):
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(
+            target=_rank_main,
+            args=(rank, world_size, backend, store, device_ids[rank], payload, send, timeout),
+            name=f"elastune-rank-{rank}",
+        )
+        process.start()
+        send.close()  # the child holds its end; EOF here then means it is gone
+        processes.append(process)
+        pipes[receive] = rank
+    return pipes
 
 
 def _device_ids(backend: str, world_size: int, devices: Sequence[int] | None) -> list[int | None]:

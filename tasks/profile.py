@@ -24,7 +24,7 @@ from planners.spec import JobSpec, SpecError, distributions, make_sampler
 from planners.staging import Profile
 from tasks.context import TrialContext
 from tasks.tracking import Tracker
-from tasks.train import load_trainable
+from tasks.trainable import load_trainable
 
 
 class _TimedContext(TrialContext):

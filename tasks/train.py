@@ -4,7 +4,8 @@ A segment runs at its width ``Segment.gpus`` (ALGORITHMS.md §6, elastic trials)
 
 * ``g > 1``: ``g`` data-parallel processes (:func:`tasks.distributed.run_distributed`: gloo on
   CPU, NCCL on CUDA with one GPU per process). Only a trainable that declares it supports
-  this (``train.distributed = True``, see :func:`supports_distributed`) is run so.
+  this (``train.distributed = True``, see :func:`tasks.trainable.supports_distributed`) is
+  run so.
 * ``g = 1``: the trainable runs in this process, on ``cuda`` when there is one.
 * ``g < 1``: the segment shares its device with other segments. Segments of the local pool
   are threads of one process and share it directly; on NVIDIA GPUs, segments in separate
@@ -20,14 +21,12 @@ field, unless the job file sets ``compute.elastic_fallback: true``: the segment 
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import logging
 import math
 import os
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,134 +37,13 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
-from planners.search import Result, Segment
+from planners.search.schedulers.base import Result, Segment
 from planners.spec import JobSpec, SpecError
-from planners.staging import Plan, Profile
+from planners.staging.widths import FALLBACK_HINT, profile_widths, width_problem
 from tasks.context import TrialContext
 from tasks.distributed import DistContext, DistributedError, run_distributed
 from tasks.tracking import Tracker
-
-Trainable = Callable[[dict[str, Any], TrialContext], Any]
-
-
-def load_trainable(reference: str) -> Trainable:
-    """Import ``module:function``; a failure names the ``trainable`` field."""
-    module_name, _, attribute = reference.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise SpecError(f"trainable: cannot import {module_name} ({exc})") from None
-    function = getattr(module, attribute, None)
-    if not callable(function):
-        raise SpecError(f"trainable: {module_name} has no function {attribute}")
-    try:
-        inspect.signature(function).bind({}, None)
-    except TypeError:
-        raise SpecError(f"trainable: {reference} must take (config, ctx)") from None
-    return function
-
-
-def supports_distributed(trainable: Trainable) -> bool:
-    """Does the trainable train data-parallel when given several processes? It says so with
-    an attribute, set once it wraps its model with ``ctx.wrap`` and shards its batches with
-    ``ctx.batches`` (see ``examples/digits.py``)::
-
-        def train(config, ctx): ...
-        train.distributed = True
-    """
-    return getattr(trainable, "distributed", False) is True
-
-
-def profile_widths(spec: JobSpec) -> tuple[float, ...] | None:
-    """The GPU counts the job's profile covers; None when the job has no profile."""
-    return None if spec.profile is None else Profile.from_spec(spec.profile).gpu_counts
-
-
-def cuda_devices() -> int | None:
-    """CUDA devices on this machine; None without CUDA (data-parallel ranks are then CPU
-    processes, as many as asked for)."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else None
-
-
-def mps_running() -> bool:
-    """Is an NVIDIA MPS control daemon serving this machine? While it runs, its pid is in
-    ``nvidia-cuda-mps-control.pid`` in ``$CUDA_MPS_PIPE_DIRECTORY`` (default
-    ``/tmp/nvidia-mps``). Its ``control`` socket outlives a daemon that quit, and the pid
-    file one that was killed, so the pid must also be a live process."""
-    pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-    try:
-        pid = int(Path(pipes, "nvidia-cuda-mps-control.pid").read_text())
-        os.kill(pid, 0)  # signal 0: does the process exist?
-    except PermissionError:  # it exists, run by another user
-        return True
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def width_problem(
-    gpus: float,
-    *,
-    trainable: str,
-    distributed: bool,
-    covered: Sequence[float] | None = None,
-    max_gpus: int | None = None,
-    devices: int | None = None,
-) -> str | None:
-    """Why a segment cannot run on ``gpus`` GPUs, or None if it can.
-
-    One GPU always can: it is what a segment falls back to. ``covered`` are the profile's GPU
-    counts, ``max_gpus`` the pool's (``compute.max_gpus``), ``devices`` the CUDA devices of the
-    worker (None on CPU, where ranks are processes).
-    """
-    if not gpus > 0:
-        return f"a segment needs a positive number of GPUs, got {gpus:g}"
-    if gpus == 1:
-        return None
-    if covered is not None and not any(math.isclose(gpus, c) for c in covered):
-        counts = ", ".join(f"{c:g}" for c in covered)
-        return (
-            f"{gpus:g} GPUs per trial is a width the profile does not cover "
-            f"(profile GPU counts: {counts})"
-        )
-    if gpus < 1:
-        return None  # a share of one device: any trainable can run so
-    if gpus != int(gpus):
-        return f"{gpus:g} GPUs per trial: a width above 1 must be a whole number of GPUs"
-    if max_gpus is not None and gpus > max_gpus:
-        return f"{gpus:g} GPUs per trial is more than the pool has (compute.max_gpus: {max_gpus})"
-    if not distributed:
-        return (
-            f"trainable: {trainable} does not support distributed training, asked to run on "
-            f"{gpus:g} GPUs (mark it with `{trainable.partition(':')[2]}.distributed = True` "
-            "once it uses ctx.wrap and ctx.batches)"
-        )
-    if devices is not None and gpus > devices:
-        return f"{gpus:g} GPUs per trial is more than this worker has ({devices} CUDA devices)"
-    return None
-
-
-FALLBACK_HINT = "; set compute.elastic_fallback: true to run such segments on 1 GPU instead"
-
-
-def check_plan(spec: JobSpec, plan: Plan, devices: int | None = None) -> None:
-    """Before anything runs: every stage's width can run, or the job falls back to 1 GPU.
-    Raises SpecError naming the stage and the field."""
-    if spec.compute.elastic_fallback:
-        return
-    distributed = supports_distributed(load_trainable(spec.trainable))
-    covered = profile_widths(spec)
-    for stage in plan.stages:
-        problem = width_problem(
-            stage.gpus_per_trial,
-            trainable=spec.trainable,
-            distributed=distributed,
-            covered=covered,
-            max_gpus=spec.compute.max_gpus,
-            devices=devices,
-        )
-        if problem is not None:
-            raise SpecError(f"plan stage {stage.name}: {problem}{FALLBACK_HINT}")
+from tasks.trainable import Trainable, TrainableError, load_trainable, supports_distributed
 
 
 @dataclass(frozen=True)
@@ -232,31 +110,19 @@ def report_name(segment: Segment) -> str:
     return f"{segment.start:g}-{segment.stop:g}"
 
 
-def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
-    try:
-        return get_run_logger()
-    except MissingContextError:  # called outside a Prefect run (tests, a plain script)
-        return logging.getLogger("elastune")
-
-
-def segment_width(job: JobRef, segment: Segment, trainable: Trainable) -> tuple[float, str | None]:
-    """The width ``segment`` runs at, and why it fell back to 1 GPU (None if it did not).
-    A width that cannot run is a SpecError unless the job allows the fallback."""
-    problem = width_problem(
-        segment.gpus,
-        trainable=job.trainable,
-        distributed=supports_distributed(trainable),
-        covered=job.widths,
-        max_gpus=job.max_gpus,
-        devices=cuda_devices(),
-    )
-    if problem is None:
-        return segment.gpus, None
-    where = f"trial {segment.trial}, segment {segment.start:g}→{segment.stop:g}"
-    if not job.elastic_fallback:
-        raise SpecError(f"{where}: {problem}{FALLBACK_HINT}")
-    _logger().warning("%s: %s; running it on 1 GPU (compute.elastic_fallback)", where, problem)
-    return 1.0, problem
+@task(
+    name="train-segment",
+    task_run_name="trial-{segment.trial} {segment.start:g}→{segment.stop:g}",
+    cache_policy=NO_CACHE,  # training must never be skipped by a cache hit
+)
+def train_segment(
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    gpu_ids: Sequence[int] | None = None,
+) -> SegmentReport:
+    return run_segment(job, segment, config, run_id, gpu_ids=gpu_ids)
 
 
 # How long a data-parallel segment may run; also each collective's limit, so a rank that
@@ -264,59 +130,6 @@ def segment_width(job: JobRef, segment: Segment, trainable: Trainable) -> tuple[
 ELASTIC_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 
 Reports = list[tuple[float, dict[str, float]]]
-
-
-def _train(
-    job: JobRef,
-    segment: Segment,
-    config: dict[str, Any],
-    run_id: str,
-    trainable: Trainable,
-    **placement: Any,
-) -> tuple[TrialContext, str | None]:
-    """Run the trainable on this segment in this process; the context and the error, if any."""
-    ctx = TrialContext(
-        trial=segment.trial,
-        start=segment.start,
-        stop=segment.stop,
-        max_resource=job.max_resource,
-        run_id=run_id,
-        tracker=Tracker(job.mlflow_uri, job.experiment),
-        **placement,
-    )
-    if placement.get("world_size", 1) > 1:
-        trainable(dict(config), ctx)  # a rank that raises must end its peers: let it
-        return ctx, None
-    try:
-        trainable(dict(config), ctx)
-    except Exception as exc:
-        error = "".join(traceback.format_exception_only(exc)).strip()
-        error += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])
-        return ctx, error
-    return ctx, None
-
-
-def _train_rank(
-    dist: DistContext,
-    job: JobRef,
-    segment: Segment,
-    config: dict[str, Any],
-    run_id: str,
-    gpus: float,
-) -> tuple[Reports, float]:
-    """One process of a data-parallel segment; rank 0's reports are the segment's."""
-    ctx, _ = _train(
-        job,
-        segment,
-        config,
-        run_id,
-        load_trainable(job.trainable),
-        device=str(dist.device),
-        gpus=gpus,
-        rank=dist.rank,
-        world_size=dist.world_size,
-    )
-    return ctx.reports, ctx.resource
 
 
 def run_segment(
@@ -340,7 +153,7 @@ def run_segment(
     began = time.perf_counter()
     try:
         trainable = load_trainable(job.trainable)
-    except SpecError as exc:  # the job checked it; this worker lacks the code
+    except TrainableError as exc:  # the job checked it; this worker lacks the code
         reports, resource, error = [], segment.start, str(exc)
     else:
         reports, resource, error = _train_at_width(
@@ -412,16 +225,103 @@ def _train_at_width(
     return reports, resource, None
 
 
-@task(
-    name="train-segment",
-    task_run_name="trial-{segment.trial} {segment.start:g}→{segment.stop:g}",
-    cache_policy=NO_CACHE,  # training must never be skipped by a cache hit
-)
-def train_segment(
+def segment_width(job: JobRef, segment: Segment, trainable: Trainable) -> tuple[float, str | None]:
+    """The width ``segment`` runs at, and why it fell back to 1 GPU (None if it did not).
+    A width that cannot run is a SpecError unless the job allows the fallback."""
+    problem = width_problem(
+        segment.gpus,
+        trainable=job.trainable,
+        distributed=supports_distributed(trainable),
+        covered=job.widths,
+        max_gpus=job.max_gpus,
+        devices=cuda_devices(),
+    )
+    if problem is None:
+        return segment.gpus, None
+    where = f"trial {segment.trial}, segment {segment.start:g}→{segment.stop:g}"
+    if not job.elastic_fallback:
+        raise SpecError(f"{where}: {problem}{FALLBACK_HINT}")
+    _logger().warning("%s: %s; running it on 1 GPU (compute.elastic_fallback)", where, problem)
+    return 1.0, problem
+
+
+def _train(
     job: JobRef,
     segment: Segment,
     config: dict[str, Any],
     run_id: str,
-    gpu_ids: Sequence[int] | None = None,
-) -> SegmentReport:
-    return run_segment(job, segment, config, run_id, gpu_ids=gpu_ids)
+    trainable: Trainable,
+    **placement: Any,
+) -> tuple[TrialContext, str | None]:
+    """Run the trainable on this segment in this process; the context and the error, if any."""
+    ctx = TrialContext(
+        trial=segment.trial,
+        start=segment.start,
+        stop=segment.stop,
+        max_resource=job.max_resource,
+        run_id=run_id,
+        tracker=Tracker(job.mlflow_uri, job.experiment),
+        **placement,
+    )
+    if placement.get("world_size", 1) > 1:
+        trainable(dict(config), ctx)  # a rank that raises must end its peers: let it
+        return ctx, None
+    try:
+        trainable(dict(config), ctx)
+    except Exception as exc:
+        error = "".join(traceback.format_exception_only(exc)).strip()
+        error += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])
+        return ctx, error
+    return ctx, None
+
+
+def _train_rank(
+    dist: DistContext,
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    gpus: float,
+) -> tuple[Reports, float]:
+    """One process of a data-parallel segment; rank 0's reports are the segment's."""
+    ctx, _ = _train(
+        job,
+        segment,
+        config,
+        run_id,
+        load_trainable(job.trainable),
+        device=str(dist.device),
+        gpus=gpus,
+        rank=dist.rank,
+        world_size=dist.world_size,
+    )
+    return ctx.reports, ctx.resource
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
+    try:
+        return get_run_logger()
+    except MissingContextError:  # called outside a Prefect run (tests, a plain script)
+        return logging.getLogger("elastune")
+
+
+def cuda_devices() -> int | None:
+    """CUDA devices on this machine; None without CUDA (data-parallel ranks are then CPU
+    processes, as many as asked for)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else None
+
+
+def mps_running() -> bool:
+    """Is an NVIDIA MPS control daemon serving this machine? While it runs, its pid is in
+    ``nvidia-cuda-mps-control.pid`` in ``$CUDA_MPS_PIPE_DIRECTORY`` (default
+    ``/tmp/nvidia-mps``). Its ``control`` socket outlives a daemon that quit, and the pid
+    file one that was killed, so the pid must also be a live process."""
+    pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    try:
+        pid = int(Path(pipes, "nvidia-cuda-mps-control.pid").read_text())
+        os.kill(pid, 0)  # signal 0: does the process exist?
+    except PermissionError:  # it exists, run by another user
+        return True
+    except (OSError, ValueError):
+        return False
+    return True

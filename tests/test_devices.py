@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-import flows.tune
+import flows.compiled
 import tasks.train
 from flows.cli import main
 from planners.staging import LocalDevices
@@ -62,7 +62,7 @@ def test_a_local_job_gives_concurrent_segments_different_devices(
 ) -> None:
     # A machine with two CUDA devices, as the driver sees it; training itself stays on the
     # CPU here (run_segment ignores device ids without CUDA), so record what it was given.
-    monkeypatch.setattr(flows.tune, "cuda_devices", lambda: 2)
+    monkeypatch.setattr(flows.compiled, "cuda_devices", lambda: 2)
     monkeypatch.setenv("ELASTUNE_TEST_PIDS", str(tmp_path / "pids.log"))
     monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.3")
     calls: list[tuple[float, float, tuple[int, ...]]] = []

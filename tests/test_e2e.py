@@ -173,6 +173,7 @@ def test_cli_process_prints_only_json_on_stdout(tmp_path, stores) -> None:
         "mlflow_run_id",
         "optuna_storage",
         "model",
+        "mode",
     }
     assert summary["model"]["version"] == "1" and summary["model"]["previous"] is None
 

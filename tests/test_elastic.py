@@ -18,11 +18,12 @@ import re
 import pytest
 import torch
 
-from planners.search import Segment
+from planners.search.schedulers.base import Segment
 from planners.spec import SpecError, parse_job
-from planners.staging import compile_plan
+from planners.staging.plan import compile_plan
+from planners.staging.widths import check_widths, width_problem
 from tasks.tracking import Tracker
-from tasks.train import JobRef, SegmentReport, check_plan, run_segment, width_problem
+from tasks.train import JobRef, SegmentReport, run_segment
 
 DIGITS = {"lr": 0.003, "width": 4, "dropout": 0.0, "optimizer": "adam", "batch_size": 128}
 ATOL = 1e-4
@@ -150,14 +151,14 @@ JOB = {
 def test_a_plan_is_checked_before_anything_runs():
     spec = parse_job(JOB)
     plan = compile_plan(spec)
-    check_plan(spec, plan)  # one GPU per trial: fine
+    check_widths(spec, plan, distributed=False, devices=None)  # one GPU per trial: fine
     wide = type(plan)(
         tuple(s.__class__(**{**s.__dict__, "gpus_per_trial": 2}) for s in plan.stages), 2
     )
     with pytest.raises(SpecError, match=r"plan stage b0-r0: trainable: .* distributed"):
-        check_plan(spec, wide)
+        check_widths(spec, wide, distributed=False, devices=None)
     lenient = parse_job({**JOB, "compute": {"elastic_fallback": True}})
-    check_plan(lenient, wide)
+    check_widths(lenient, wide, distributed=False, devices=None)
     assert not parse_job(JOB).compute.elastic_fallback
 
 

@@ -6,8 +6,9 @@ import ast
 from pathlib import Path
 
 PLANNERS = Path(__file__).resolve().parents[1] / "planners"
-# Bottom first; cost and sim sit side by side at the top and never import each other.
-LAYERS = {"samplers": 0, "spec": 1, "search": 2, "staging": 3, "sim": 4, "cost": 4}
+# Bottom first; cost and sim sit side by side and never import each other; execution, which
+# compiles a job with the cost planner, is the top.
+LAYERS = {"samplers": 0, "spec": 1, "search": 2, "staging": 3, "sim": 4, "cost": 4, "execution": 5}
 
 
 def imported_packages(path: Path) -> set[str]:

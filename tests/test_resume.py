@@ -115,7 +115,9 @@ def test_trial_run_left_untagged_by_a_killed_driver_is_taken_up(
 ) -> None:
     from mlflow import MlflowClient
 
-    from flows.tune import Job, new_job_id, plan_for, resume
+    from flows.compiled import compile_job
+    from flows.job import Job, new_job_id
+    from flows.tune import resume
     from planners.spec import parse_job
 
     monkeypatch.chdir(tmp_path)  # local flow runs: their results stay under tmp_path
@@ -133,10 +135,10 @@ def test_trial_run_left_untagged_by_a_killed_driver_is_taken_up(
     job_id = new_job_id(spec.name)
     # What a driver killed inside Job.submit leaves: trial 0 handed out (journaled) and its
     # MLflow run started, but the run's id not yet stored on the Optuna trial.
-    job = Job.create(spec, job_id, plan_for(spec), None, [])
+    job = Job.create(compile_job(spec), job_id, [])
     segment = job.loop.next_segment()
     config = job.loop.configs[segment.trial]
-    left = job.tracker.start_trial(job_id, job.parent, segment.trial, config)
+    left = job.runs.tracker.start_trial(job_id, job.runs.parent, segment.trial, config)
 
     summary = resume(job_id, f"sqlite:///{tmp_path}/optuna.db")
     assert summary["trials"] == 2 and summary["segments"] == 2
@@ -144,7 +146,7 @@ def test_trial_run_left_untagged_by_a_killed_driver_is_taken_up(
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs(
         [client.get_experiment_by_name(spec.experiment).experiment_id],
-        filter_string=f"tags.`mlflow.parentRunId` = '{job.parent}'",
+        filter_string=f"tags.`mlflow.parentRunId` = '{job.runs.parent}'",
     )
     by_trial = Counter(r.data.tags["elastune.trial"] for r in runs)
     assert by_trial == {"0": 1, "1": 1}, "a trial got a second MLflow run"

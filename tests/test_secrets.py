@@ -215,7 +215,8 @@ def test_credentials_of_an_ecs_pool_job_stay_out_of_its_output(
     ours = "\n".join(r.getMessage() for r in caplog.records if not r.name.startswith("botocore"))
     found += leaks(ours, "non-botocore logs", planted)
     with get_client(sync_client=True) as client:
-        runs = [r.id for r in client.read_flow_runs() if r.parameters.get("job_file") == str(path)]
+        job_id = err.split("job ", 1)[1].split()[0]  # run prints `job <ID>` first
+        runs = [r.id for r in client.read_flow_runs() if r.parameters.get("job_id") == job_id]
     assert runs, "the tune flow run was not found"
     for where, text in prefect_records(runs):
         found += leaks(text, where, planted)

@@ -333,6 +333,15 @@ class ComputeSpec(_Strict):
     # A segment whose width cannot run (the profile does not cover it, the pool is too
     # small, or the trainable is not data-parallel) runs on 1 GPU instead of failing the job.
     elastic_fallback: bool = False
+    # Whether a staged job's stages are packed onto their GPUs by width (Fluid): auto packs
+    # where the profile says it pays; on insists (bad input where it cannot); off never.
+    packing: Literal["auto", "on", "off"] = "auto"
+
+    @field_validator("packing", mode="before")
+    @classmethod
+    def _packing(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare on/off as a boolean.
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("segment_timeout", mode="before")
     @classmethod

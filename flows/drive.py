@@ -1,0 +1,159 @@
+"""Drive a job: recover what a dead driver left in flight, then run its segments until the
+scheduler has nothing left.
+
+One loop serves every scheduler. While the admission policy has room it submits the
+segments the scheduler hands out; as each finishes (in completion order) it records the
+result, which may promote, pause or stop trials. A synchronous scheduler (SHA, Hyperband)
+hands out nothing at a rung's barrier, so the same loop walks its plan stage by stage; an
+asynchronous one (ASHA) keeps every worker busy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+from dataclasses import replace
+from typing import Any
+
+import torch
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from flows.job import Job
+from flows.launch import Launcher
+from flows.pools import PoolSizer, PoolTarget
+from flows.progress import JobProgress
+from flows.results import finish, leaderboard
+from infra.sizing import publish_sizing
+from planners.search.schedulers.base import Segment
+from planners.spec import SpecError
+from tasks.train import SegmentReport
+
+
+def artifact_key(job_id: str, what: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{job_id}-{what}".lower())
+
+
+def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
+    """Run a job's segments until its scheduler has nothing left; returns the summary."""
+    spec, execution = job.spec, job.execution
+    print(execution.mode, file=sys.stderr, flush=True)
+    # Threads share the cores: give each worker its slice instead of oversubscribing.
+    torch.set_num_threads(max(1, torch.get_num_threads() // spec.compute.workers))
+    create_markdown_artifact(
+        key=artifact_key(job.job_id, "plan"),
+        markdown=describe(job),
+        description=f"plan of {job.job_id}",
+    )
+    pending = recover(job)
+    launcher = Launcher(job.ref, spec.compute.segment_timeout, pool, job.compiled.devices)
+    sizer = None if pool is None else PoolSizer(pool.backend, execution, spec.scheduler.name)
+    try:
+        total = None if execution.plan is None else execution.plan.segments
+        with (
+            pool.backend if pool is not None else contextlib.nullcontext(),
+            JobProgress(spec.metric, total) as progress,
+        ):
+            run_segments(job, launcher, sizer, pending, progress)
+        return finish(job)
+    except BaseException as exc:
+        launcher.wait_all()
+        job.abort(bad_input=isinstance(exc, SpecError))
+        raise
+    finally:
+        if pool is not None:
+            publish_sizing(pool.backend.records, key=artifact_key(job.job_id, "pool-sizing"))
+
+
+def describe(job: Job) -> str:
+    """The plan artifact: the mode, and the staged DAG or the rung ladder of an
+    asynchronous scheduler."""
+    title = f"# Plan of {job.job_id}\n\n`{job.execution.mode}`\n\n"
+    plan, workers = job.execution.plan, job.spec.compute.workers
+    if plan is None:
+        scheduler = job.spec.scheduler
+        ladder = getattr(scheduler, "max_resource", None)
+        return (
+            f"{title}Asynchronous `{scheduler.name}`: no stages; a new segment starts whenever "
+            f"one of {workers} workers is free"
+            + (f", up to resource {ladder:g}." if ladder else ".")
+        )
+    totals = f"{plan.trials} trials, {plan.segments} segments, {workers} workers."
+    return f"{title}{plan.to_markdown()}\n\n{totals}"
+
+
+def recover(job: Job) -> list[Segment]:
+    """The segments a dead driver left in flight that still have to run: those that
+    finished meanwhile are recorded from the report they kept in MLflow."""
+    pending = job.loop.in_flight()
+    for segment in list(pending):
+        saved = job.runs.saved_report(segment)
+        if saved is not None:
+            pending.remove(segment)
+            job.record(segment, SegmentReport.from_dict(saved))
+    return pending
+
+
+def run_segments(
+    job: Job,
+    launcher: Launcher,
+    sizer: PoolSizer | None,
+    pending: list[Segment],
+    progress: JobProgress,
+) -> None:
+    """Start what the admission policy lets start, record what finishes; until nothing
+    runs and the scheduler hands out nothing more."""
+    while True:
+        starting = admit(job, pending, launcher.running)
+        if sizer is not None:
+            sizer.size(starting)
+        for segment in starting:
+            start(job, launcher, segment)
+        if not launcher.running:
+            return
+        segment, report = launcher.next_report()
+        decisions = job.record(segment, report)
+        stage = f"stage b{segment.bracket}-r{segment.rung}"
+        progress.update(stage, job.best_metric())
+        if job.stage_done(segment, decisions):
+            if sizer is not None:
+                sizer.stage_done(segment)
+            create_table_artifact(
+                key=artifact_key(job.job_id, "leaderboard"),
+                table=leaderboard(job),
+                description=f"leaderboard after {stage} of {job.job_id}",
+            )
+
+
+def admit(job: Job, pending: list[Segment], running: list[Segment]) -> list[Segment]:
+    """The segments to start now: waiting ones first, then new ones from the scheduler
+    while there is room. A segment of a stage already at its concurrency waits in
+    ``pending``, and drawing stops."""
+    admission = job.execution.admission
+    starting: list[Segment] = []
+    for segment in list(pending):
+        if admission.may_start(segment, running + starting):
+            pending.remove(segment)
+            starting.append(segment)
+    while not pending and admission.may_start_any(running + starting):
+        segment = job.loop.next_segment()
+        if segment is None:
+            break
+        if admission.may_start(segment, running + starting):
+            starting.append(segment)
+        else:
+            pending.append(segment)
+    return starting
+
+
+def start(job: Job, launcher: Launcher, segment: Segment) -> None:
+    """Submit an admitted segment in its trial's MLflow run, at the width admitted."""
+    run_id = job.trial_run(segment)
+    stage = job.execution.stage(segment)
+    launcher.submit(
+        replace(segment, gpus=job.execution.admission.width(segment)),
+        job.loop.configs[segment.trial],
+        run_id,
+        None if stage is None else stage.instance_type,
+    )

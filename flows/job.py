@@ -1,0 +1,210 @@
+"""A job as its driver holds it: the compiled job, its Optuna study and scheduler loop, its
+MLflow runs (:class:`flows.runs.TrialRuns`) and the tally of what it has done.
+
+Every segment is journaled in the study when it is handed out, and every result as it
+arrives; the study also holds the spec and the parent run. So :meth:`Job.resume` rebuilds
+a job whose driver died from the study alone and replays its journal.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import optuna
+
+from flows.compiled import CompiledJob
+from flows.runs import TrialRuns
+from planners.search import StudyJournal, TuningLoop
+from planners.search.schedulers.base import Action, Decision, Segment
+from planners.spec import JobSpec, SpecError, make_sampler, parse_job
+from planners.execution import ExecutionPlan
+from tasks.tracking import (
+    Tracker,
+    check_storage,
+    check_tracking_uri,
+    first_use,
+    local_uri,
+    sqlite_path,
+)
+from tasks.train import JobRef, SegmentReport
+
+# Where a job keeps what resume needs: the spec and parent run on the study, each trial's
+# MLflow run on its Optuna trial.
+SPEC_ATTR, RUN_ATTR = "elastune.spec", "mlflow_run_id"
+
+
+class MetricNotReported(SpecError):
+    """The trainable finished a segment without ever reporting the job's metric."""
+
+
+def new_job_id(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}".lower()
+
+
+@dataclass
+class Tally:
+    """What a job has done so far, from live results and replayed ones alike."""
+
+    segments: int = 0
+    rungs: dict[int, int] = field(default_factory=dict)  # trial -> rung it last ran
+    errors: dict[int, str] = field(default_factory=dict)  # trial -> why it failed
+    stage_results: dict[tuple[int, int], int] = field(default_factory=dict)
+    metric_seen: bool = False
+
+    def count(self, trial: int, note: dict[str, Any], metric: str) -> None:
+        self.segments += 1
+        if note.get("error"):
+            self.errors[trial] = note["error"]
+        if metric in note.get("metrics_seen", ()):
+            self.metric_seen = True
+        self.rungs[trial] = note.get("rung", 0)
+        key = (note.get("bracket", 0), note.get("rung", 0))
+        self.stage_results[key] = self.stage_results.get(key, 0) + 1
+
+
+class Job:
+    """One job's state: its study and scheduler loop, its MLflow runs and its tally."""
+
+    def __init__(self, compiled: CompiledJob, job_id: str, study: optuna.Study, runs: TrialRuns):
+        self.compiled = compiled
+        self.job_id = job_id
+        self.runs = runs
+        self.began = time.monotonic()
+        self.storage = local_uri(self.spec.tracking.optuna_storage)
+        self.journal = StudyJournal(study)
+        self.loop = TuningLoop(self.spec, study, journal=self.journal)
+        self.ref = JobRef.of(self.spec, job_id, runs.tracker.uri)
+        self.tally = Tally()
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.compiled.spec
+
+    @property
+    def execution(self) -> ExecutionPlan:
+        return self.compiled.execution
+
+    @classmethod
+    def create(cls, compiled: CompiledJob, job_id: str, warm_start: list[dict[str, Any]]) -> Job:
+        """A new job: its study, its parent run, and ``warm_start`` configs tried first."""
+        spec = compiled.spec
+        check_tracking_uri(spec.tracking.mlflow_uri, "tracking.mlflow_uri")
+        check_storage(spec.tracking.optuna_storage, "tracking.optuna_storage")
+        tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
+        storage = local_uri(spec.tracking.optuna_storage)
+        with first_use(storage):
+            study = optuna.create_study(
+                study_name=job_id,
+                storage=storage,
+                direction="maximize" if spec.mode == "max" else "minimize",
+                sampler=make_sampler(spec),
+            )
+        runs = TrialRuns.start_job(spec, tracker, job_id)
+        for config in warm_start:  # tried first, before the sampler proposes anything
+            study.enqueue_trial(config, skip_if_exists=True)
+        # The spec last: a study that has it has everything resume needs.
+        study.set_user_attr(RUN_ATTR, runs.parent)
+        study.set_user_attr(SPEC_ATTR, spec.model_dump(mode="json"))
+        return cls(compiled, job_id, study, runs)
+
+    @classmethod
+    def resume(cls, compiled: CompiledJob, stored: StoredJob) -> Job:
+        """The job :func:`stored_job` found, compiled: its runs taken up, its journal
+        replayed."""
+        spec, study = compiled.spec, stored.study
+        named = {
+            t.user_attrs["elastune.trial"]: t.user_attrs[RUN_ATTR]
+            for t in study.get_trials(deepcopy=False)
+            if RUN_ATTR in t.user_attrs
+        }
+        tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
+        runs = TrialRuns.take_up(tracker, study.study_name, stored.parent, named)
+        job = cls(compiled, study.study_name, study, runs)
+        for result, note, decisions in job.loop.replay(*job.journal.fold()):
+            job._account(result.trial, note or {}, decisions)
+        return job
+
+    # --- one segment ---------------------------------------------------------------------
+
+    def trial_run(self, segment: Segment) -> str:
+        """The MLflow run ``segment`` trains in, started with the trial's first segment; a
+        clone (PBT) starts from its donor's checkpoint."""
+        if segment.trial not in self.runs:
+            run_id = self.runs.start(segment.trial, self.loop.configs[segment.trial])
+            self.loop.optuna_trial(segment.trial).set_user_attr(RUN_ATTR, run_id)
+        run_id = self.runs[segment.trial]
+        if segment.clone_from is not None:
+            self.runs.tracker.copy_checkpoint(self.runs[segment.clone_from], run_id)
+        return run_id
+
+    def record(self, segment: Segment, report: SegmentReport) -> list[Decision]:
+        """A segment's result: journaled, told to the scheduler, tallied and tracked."""
+        if self.spec.metric in report.metrics_seen:
+            self.tally.metric_seen = True
+        elif report.error is None and not self.tally.metric_seen:
+            seen = ", ".join(report.metrics_seen) or "nothing"
+            raise MetricNotReported(
+                f"metric: {self.spec.trainable} never reported {self.spec.metric!r} "
+                f"(it reported: {seen})"
+            )
+        note = {
+            "metrics_seen": list(report.metrics_seen),
+            "error": report.error,
+            "rung": segment.rung,
+            "bracket": segment.bracket,
+        }
+        decisions = self.loop.record(report.result, note)
+        self._account(segment.trial, note, decisions)
+        return decisions
+
+    def _account(self, trial: int, note: dict[str, Any], decisions: list[Decision]) -> None:
+        self.tally.count(trial, note, self.spec.metric)
+        for decision in decisions:
+            self.runs.track(decision, self.tally.errors.get(decision.trial))
+
+    def stage_done(self, segment: Segment, decisions: list[Decision]) -> bool:
+        """Time for a leaderboard: a stage finished, or (asynchronous schedulers, which have
+        no stages) a trial completed."""
+        stage = self.execution.stage(segment)
+        if stage is None:
+            return any(d.action is Action.COMPLETE for d in decisions)
+        return self.tally.stage_results.get((segment.bracket, segment.rung), 0) == stage.trials
+
+    def best_metric(self) -> float | None:
+        best = self.loop.best()
+        return None if best is None else best.metric
+
+    def abort(self, bad_input: bool) -> None:
+        """A failed job keeps what it finished; bad input leaves nothing behind."""
+        self.runs.abort(purge=bad_input)
+        if bad_input:
+            optuna.delete_study(study_name=self.job_id, storage=self.storage)
+
+
+class StoredJob(NamedTuple):
+    """What a job's study holds: the study, the spec and the parent run's id."""
+
+    study: optuna.Study
+    spec: JobSpec
+    parent: str
+
+
+def stored_job(job_id: str, storage: str) -> StoredJob:
+    """Job ``job_id`` as its study in ``storage`` holds it; a job that is not there is bad
+    input naming the job id."""
+    check_storage(storage, "storage")
+    url = local_uri(storage)
+    database = sqlite_path(url)
+    if database is not None and not database.exists():  # load_study would create it
+        raise SpecError(f"job id: no job {job_id!r} in {storage} (no such database)")
+    try:
+        study = optuna.load_study(study_name=job_id, storage=url)
+    except KeyError:
+        raise SpecError(f"job id: no job {job_id!r} in {storage}") from None
+    attrs = study.user_attrs  # one read of the storage
+    if SPEC_ATTR not in attrs:
+        raise SpecError(f"job id: study {job_id!r} was not made by elastune")
+    return StoredJob(study, parse_job(attrs[SPEC_ATTR], f"job {job_id}"), attrs[RUN_ATTR])

@@ -1,0 +1,83 @@
+"""A job's segments in flight: each submitted as a Prefect task run, training in the
+driver's process (the local pool) or as a flow run on a work pool, and collected in the
+order they finish.
+
+A segment that fails to produce a report (its worker was lost on every retry, or it ran
+over ``compute.segment_timeout``) comes back as a failed report: its trial fails, the job
+carries on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect.futures import PrefectFuture, as_completed
+from prefect.task_engine import TaskRunTimeoutError
+
+from flows.pools import PoolTarget, WorkerLost, launch_segment
+from planners.search.schedulers.base import Segment
+from planners.staging.devices import LocalDevices
+from tasks.train import JobRef, SegmentReport, train_segment
+
+
+class Launcher:
+    """Submits segments and hands back their reports as they finish.
+
+    Args:
+        job: What each segment needs to know about its job.
+        timeout: ``compute.segment_timeout`` (None: no limit).
+        pool: The work pool segments go to; None: the local pool (this process).
+        devices: CUDA devices of this machine that local segments share out (None on CPU
+            or on a work pool).
+    """
+
+    def __init__(
+        self, job: JobRef, timeout: float | None, pool: PoolTarget | None, devices: int | None
+    ):
+        self.ref = job
+        self.timeout = timeout
+        self.pool = pool
+        # Which of the devices each running trial holds (local jobs with CUDA only).
+        self.assigned = None if pool is not None or devices is None else LocalDevices(devices)
+        self._flight: dict[PrefectFuture[SegmentReport], Segment] = {}
+
+    @property
+    def running(self) -> list[Segment]:
+        return list(self._flight.values())
+
+    def submit(
+        self, segment: Segment, config: dict[str, Any], run_id: str, instance_type: str | None
+    ) -> None:
+        """Start ``segment`` at its width (``segment.gpus``), on ``instance_type`` in a
+        planned job on a work pool."""
+        if self.pool is None:
+            # Prefect's timeout interrupts a trainable stuck in Python code; one blocked
+            # inside a C call ends when the call returns (work-pool mode kills the process).
+            train = train_segment.with_options(timeout_seconds=self.timeout)
+            ids = None if self.assigned is None else self.assigned.take(segment.trial, segment.gpus)
+            future = train.submit(self.ref, segment, config, run_id, ids)
+        else:
+            variables = self.pool.job_variables(segment.gpus, instance_type)
+            future = launch_segment.submit(
+                self.pool.deployment, self.ref, segment, config, run_id, variables, self.timeout
+            )
+        self._flight[future] = segment
+
+    def next_report(self) -> tuple[Segment, SegmentReport]:
+        """Wait for the next segment to finish; it and its report."""
+        future = next(as_completed(list(self._flight)))
+        segment = self._flight.pop(future)
+        if self.assigned is not None:
+            self.assigned.release(segment.trial)
+        try:
+            return segment, future.result()
+        except WorkerLost as exc:  # every retry lost its worker
+            return segment, SegmentReport.failure(segment, f"worker lost: {exc}")
+        except TaskRunTimeoutError:
+            reason = f"timeout: segment ran over {self.timeout:g} s"
+            return segment, SegmentReport.failure(segment, reason)
+
+    def wait_all(self) -> None:
+        """Let every segment in flight end (the job is ending with an error)."""
+        for future in self._flight:
+            future.wait()

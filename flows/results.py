@@ -1,0 +1,106 @@
+"""What a job leaves: its leaderboard, its best trial marked in MLflow, the best model
+registered when it beats the registered one, and the summary ``elastune run`` prints.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from prefect import get_run_logger
+
+from flows.job import Job
+from planners.search import Best
+from planners.search.schedulers.base import Action, rank_key
+from tasks.context import TrialContext
+
+
+def leaderboard(job: Job) -> list[dict[str, Any]]:
+    """Trials ranked by resource reached, then by loss at it."""
+    loop, metric = job.loop, job.spec.metric
+
+    def reached(trial: int) -> tuple[float, float]:
+        return loop.reached.get(trial, (0, math.nan))
+
+    ordered = sorted(loop.configs, key=lambda t: (-reached(t)[0], rank_key(reached(t)[1])))
+    rows = []
+    for trial in ordered:
+        resource, loss = reached(trial)
+        rows.append(
+            {
+                "trial": trial,
+                "status": loop.states.get(trial, Action.PAUSE).value,
+                "rung": job.tally.rungs.get(trial, 0),
+                "resource": resource,
+                metric: job.spec.loss(loss) if math.isfinite(loss) else None,
+                **loop.configs[trial],
+            }
+        )
+    return rows
+
+
+def finish(job: Job) -> dict[str, Any]:
+    """End the job: the last decisions tracked, the best trial marked and its model
+    registered, the parent run ended. Returns the job's summary."""
+    for decision in job.loop.finish():
+        job.runs.track(decision, job.tally.errors.get(decision.trial))
+    best = job.loop.best()
+    tracker, parent = job.runs.tracker, job.runs.parent
+    model = None
+    if best is not None:
+        tracker.set_tags(job.runs[best.trial], {"elastune.best": "true"})
+        tracker.set_tags(parent, {"elastune.best_trial": best.trial})
+        tracker.log_metrics(parent, {f"best_{job.spec.metric}": best.metric}, 0)
+        model = register_best(job, best)
+        tracker.set_tags(parent, {"elastune.registered": model["version"]})
+    tracker.end_run(parent)
+    return {
+        "job_id": job.job_id,
+        "best": None
+        if best is None
+        else {"trial": best.trial, "config": best.config, "metric": best.metric},
+        "trials": len(job.loop.configs),
+        "segments": job.tally.segments,
+        "wall_seconds": round(time.monotonic() - job.began, 3),
+        "mlflow_run_id": parent,
+        "optuna_storage": job.storage,
+        "model": model,
+        "mode": job.execution.mode.to_dict(),
+    }
+
+
+def register_best(job: Job, best: Best) -> dict[str, Any]:
+    """Register the best trial's model under the job's name when it beats the registered one.
+
+    The trainable is called once more with nothing left to train: it builds its model and
+    restores the best checkpoint, and the object it passes as ``model=`` is logged.
+    """
+    spec, tracker, run_id = job.spec, job.runs.tracker, job.runs[best.trial]
+    previous = tracker.registered(spec.name)
+    outcome: dict[str, Any] = {"name": spec.name, "version": None, "previous": None}
+    if previous is not None:
+        outcome["previous"] = {"version": previous[0], "metric": previous[1]}
+        if spec.loss(best.metric) >= spec.loss(previous[1]):
+            return outcome  # not better: the registry keeps its model
+    ctx = TrialContext(
+        trial=best.trial,
+        start=0,
+        stop=0,
+        max_resource=job.ref.max_resource,
+        run_id=run_id,
+        tracker=tracker,
+    )
+    job.compiled.trainable(dict(best.config), ctx)
+    model = ctx.objects.get("model")
+    if not isinstance(model, torch.nn.Module):
+        get_run_logger().warning("trainable passes no model= to ctx.restore; nothing registered")
+        return outcome
+    tags = {
+        "elastune.metric": best.metric,
+        "elastune.job_id": job.job_id,
+        "elastune.trial": best.trial,
+    }
+    outcome["version"] = tracker.register(run_id, model, spec.name, tags)
+    return outcome

@@ -1,0 +1,181 @@
+"""The execution plan: what a job file turns into before anything runs, made in one place
+for the tune flow, ``elastune plan`` and ``elastune run``'s mode line.
+
+:func:`execution_plan` takes the job, what the trainable can do (data-parallel or not), the
+CUDA devices of a local worker and the instance catalog, and decides:
+
+* the staged plan (synchronous schedulers; None for asynchronous ones), sized by the cost
+  planner when the job has a ``profile:`` and a deadline or budget ("planned"), its widths
+  checked (:func:`planners.staging.widths.check_widths`);
+* the admission policy (:mod:`planners.staging.admission`): the stage packer when the job packs
+  (``compute.packing``: ``auto`` packs where the profile says it pays, ``on`` insists,
+  ``off`` never), else the plan's stage slots when planned, else ``compute.workers``;
+* the :class:`ExecutionMode` a user reads: planned or not, packed or not, and what
+  ``compute.workers`` counts.
+
+Example (an asynchronous job: nothing to plan or pack, ``compute.workers`` segments at once):
+    >>> from planners.spec import parse_job
+    >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
+    ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
+    ...     "scheduler": {"name": "asha", "max_resource": 9}})
+    >>> execution = execution_plan(spec, distributed=False)
+    >>> execution.plan is None, execution.admission
+    (True, WorkerCap(workers=2))
+    >>> print(execution.mode)
+    mode: not planned, not packed, workers = segments
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from planners.cost import Catalog, PlanReport, plan_job, read_catalog
+from planners.cost.report import format_duration
+from planners.search.schedulers.base import Segment
+from planners.spec import JobSpec, SpecError
+from planners.staging.admission import Admission, StageSlots, WorkerCap
+from planners.staging.plan import Plan, Stage, allocate, compile_plan, is_staged
+from planners.staging.profile import Profile
+from planners.staging.stagepack import StagePacker, stage_packer
+from planners.staging.widths import check_widths
+
+
+@dataclass(frozen=True)
+class ExecutionMode:
+    """How a job runs, as one line a user can read.
+
+    Args:
+        limits: What the cost planner plans to (``deadline 2h``, ``budget $30.00``); None:
+            the job is not planned.
+        packed: Whether stages are packed onto their GPUs by width (Fluid).
+        workers: What ``compute.workers`` counts: ``segments``, ``GPUs``, or why it is
+            not used.
+    """
+
+    limits: str | None
+    packed: bool
+    workers: str
+
+    def __str__(self) -> str:
+        planned = f"planned ({self.limits})" if self.limits else "not planned"
+        packed = "packed (fluid)" if self.packed else "not packed"
+        return f"mode: {planned}, {packed}, workers = {self.workers}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "planned": self.limits is not None,
+            "limits": self.limits,
+            "packed": self.packed,
+            "workers": self.workers,
+        }
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """A job's staged plan (None: asynchronous), its admission policy and its mode."""
+
+    plan: Plan | None
+    admission: Admission
+    mode: ExecutionMode
+
+    def stage(self, segment: Segment) -> Stage | None:
+        """The segment's stage; None for asynchronous schedulers."""
+        return None if self.plan is None else self.plan.stage(segment.bracket, segment.rung)
+
+
+def execution_plan(
+    spec: JobSpec,
+    *,
+    distributed: bool,
+    devices: int | None = None,
+    catalog: Catalog | None = None,
+    report: PlanReport | None = None,
+) -> ExecutionPlan:
+    """Turn a validated job into its execution plan; bad input raises SpecError naming the
+    field (an infeasible deadline or budget, a width that cannot run, packing that cannot).
+
+    Args:
+        spec: The job.
+        distributed: Whether its trainable trains data-parallel (widths above 1).
+        devices: CUDA devices of the local worker (None on CPU or on a work pool).
+        catalog: Instance types and prices; default elastune's catalog.
+        report: The cost planner's report on ``spec`` when the caller has one, checked
+            (``elastune plan``); default: planned here when the job is planned.
+    """
+    plan = compile_plan(spec) if is_staged(spec) else None
+    limits = _limits(spec) if plan is not None else None
+    if plan is not None and limits is not None:
+        catalog = catalog if catalog is not None else read_catalog()
+        if report is None:
+            report = plan_job(spec, catalog=catalog)
+            report.check()
+        plan = allocate(plan, report.allocations)
+    if plan is not None:
+        check_widths(spec, plan, distributed=distributed, devices=devices)
+    packer = _packer(spec, plan, distributed, devices, catalog)
+    admission: Admission
+    if packer is not None:
+        admission = packer
+    elif plan is not None and limits is not None:
+        admission = StageSlots(plan)
+    else:
+        admission = WorkerCap(spec.compute.workers)
+    mode = ExecutionMode(limits, packer is not None, _workers(spec, limits, packer))
+    return ExecutionPlan(plan, admission, mode)
+
+
+def _limits(spec: JobSpec) -> str | None:
+    """What the cost planner plans a job to; None when it does not plan the job (it needs
+    a profile, and a deadline or a budget)."""
+    deadline, budget = spec.budget.deadline, spec.budget.max_cost_usd
+    if spec.profile is None or (deadline is None and budget is None):
+        return None
+    limits = [] if deadline is None else [f"deadline {format_duration(deadline)}"]
+    return ", ".join([*limits, *([] if budget is None else [f"budget ${budget:,.2f}"])])
+
+
+def _packer(
+    spec: JobSpec,
+    plan: Plan | None,
+    distributed: bool,
+    devices: int | None,
+    catalog: Catalog | None,
+) -> StagePacker | None:
+    """The stage packer as ``compute.packing`` asks; ``on`` where it cannot is bad input."""
+    if spec.compute.packing == "off":
+        return None
+    types = set() if plan is None else {s.instance_type for s in plan.stages} - {None}
+    # Only a planned plan names instance types, and then the catalog was read to plan it.
+    node_gpus = {t: catalog.instance_types[t].gpus for t in types} if catalog else {}
+    packer = stage_packer(spec, plan, distributed=distributed, devices=devices, node_gpus=node_gpus)
+    if packer is None and spec.compute.packing == "on":
+        raise SpecError(f"compute.packing: on, but {_why_not_packed(spec, plan, distributed)}")
+    return packer
+
+
+def _why_not_packed(spec: JobSpec, plan: Plan | None, distributed: bool) -> str:
+    if plan is None:
+        return (
+            f"scheduler {spec.scheduler.name} is asynchronous: only the stages of sha and "
+            "hyperband are packed"
+        )
+    if spec.profile is None or not Profile.from_spec(spec.profile).packable:
+        return (
+            "packing needs a profile: section that times one whole GPU (seconds_per_unit: {1: ...})"
+        )
+    trainable = "" if distributed else f", trainable {spec.trainable} is not distributed"
+    return (
+        "the profile gives no width that packs faster: no speedup above 1 GPU within reach "
+        f"(compute.max_gpus: {spec.compute.max_gpus}{trainable}) and no GPU share that pays"
+    )
+
+
+def _workers(spec: JobSpec, limits: str | None, packer: StagePacker | None) -> str:
+    if limits is not None:
+        return "not used (the cost plan sets each stage's concurrency)"
+    if packer is None:
+        return "segments"
+    if spec.compute.max_gpus is not None:
+        return f"not used (stages share compute.max_gpus = {spec.compute.max_gpus} GPUs)"
+    return "GPUs"

@@ -1,0 +1,97 @@
+"""Admission: which of a job's segments may start now, at what width, and what the pool
+must hold for the stages that run.
+
+Three policies, one per way a job runs; the execution plan chooses one
+(:func:`planners.execution.execution_plan`):
+
+* :class:`WorkerCap`: at most ``compute.workers`` segments at once, one GPU each
+  (asynchronous schedulers, and staged plans the cost planner did not size);
+* :class:`StageSlots`: each stage at the concurrency the cost planner gave it, at its
+  planned GPUs per trial;
+* :class:`planners.stagepack.StagePacker`: each stage's segments packed onto its GPUs by
+  width (Fluid); admission counts GPUs, not segments.
+
+Example (two workers; a third segment waits until one finishes):
+    >>> cap = WorkerCap(2)
+    >>> a, b, c = (Segment(t, 0, 1, rung=0) for t in range(3))
+    >>> cap.may_start(a, []), cap.may_start(b, [a]), cap.may_start(c, [a, b])
+    (True, True, False)
+    >>> cap.may_start_any([b]), cap.width(c), cap.demand([])
+    (True, 1.0, (2, 1.0))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from planners.search.schedulers.base import Segment
+from planners.staging.plan import Plan, Stage
+
+
+class Admission(Protocol):
+    """What the driver asks before it starts segments, and before it sizes the pool."""
+
+    def may_start(self, segment: Segment, running: Sequence[Segment]) -> bool:
+        """May ``segment`` start now, next to ``running``? If so, it is admitted."""
+        ...
+
+    def may_start_any(self, running: Sequence[Segment]) -> bool:
+        """Is there room for one more segment of some stage?"""
+        ...
+
+    def width(self, segment: Segment) -> float:
+        """The GPUs an admitted ``segment`` runs on."""
+        ...
+
+    def demand(self, stages: Sequence[Stage]) -> tuple[int, float]:
+        """Pool size for the ``stages`` now active (none: an asynchronous job): segments
+        at once and GPUs per segment."""
+        ...
+
+
+@dataclass(frozen=True)
+class WorkerCap:
+    """At most ``workers`` segments at once, each at the width it was handed out with."""
+
+    workers: int
+
+    def may_start(self, segment: Segment, running: Sequence[Segment]) -> bool:
+        return len(running) < self.workers
+
+    def may_start_any(self, running: Sequence[Segment]) -> bool:
+        return len(running) < self.workers
+
+    def width(self, segment: Segment) -> float:
+        return segment.gpus
+
+    def demand(self, stages: Sequence[Stage]) -> tuple[int, float]:
+        # An asynchronous job has no stages: the pool holds every worker the whole time.
+        slots = min(self.workers, sum(s.trials for s in stages)) if stages else self.workers
+        return slots, max((s.gpus_per_trial for s in stages), default=1.0)
+
+
+@dataclass(frozen=True)
+class StageSlots:
+    """Each stage at most at its planned concurrency (``Stage.slots``, set by the cost
+    planner for every stage), each segment at its stage's GPUs per trial."""
+
+    plan: Plan
+
+    def may_start(self, segment: Segment, running: Sequence[Segment]) -> bool:
+        stage = self._stage(segment)
+        same = sum((s.bracket, s.rung) == (stage.bracket, stage.rung) for s in running)
+        return same < (stage.slots or 0)
+
+    def may_start_any(self, running: Sequence[Segment]) -> bool:
+        return len(running) < sum(stage.slots or 0 for stage in self.plan.stages)
+
+    def width(self, segment: Segment) -> float:
+        return self._stage(segment).gpus_per_trial
+
+    def demand(self, stages: Sequence[Stage]) -> tuple[int, float]:
+        return sum(s.slots or 0 for s in stages), max(s.gpus_per_trial for s in stages)
+
+    def _stage(self, segment: Segment) -> Stage:
+        return self.plan.stage(segment.bracket, segment.rung)

@@ -1,0 +1,90 @@
+"""The docs hold together: links resolve, and every document and section the code cites
+exists in the repository (nothing outside it is cited)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CODE = [
+    path
+    for folder in ("flows", "tasks", "planners", "infra", "examples", "benchmarks", "tests")
+    for path in (ROOT / folder).rglob("*")
+    if path.suffix in {".py", ".yaml", ".md"}
+] + [ROOT / "pyproject.toml", ROOT / "prefect.yaml", ROOT / "Makefile"]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+CITE = re.compile(r"(docs/[\w-]+\.md)((?:[ ,]*(?:and |-|–)?§[0-9][0-9.]*[0-9]?)*)")
+
+
+def prose(path: Path) -> list[tuple[int, str]]:
+    """Numbered lines of a markdown page outside code fences."""
+    lines, fenced = [], False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            lines.append((number, line))
+    return lines
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a page's headings."""
+    seen: dict[str, int] = {}
+    out = set()
+    for _, line in prose(path):
+        heading = re.match(r"^#{1,6} (.*)", line)
+        if heading:
+            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1).strip().lower())
+            slug = re.sub(r"[^\w\- ]", "", text.replace("`", "")).replace(" ", "-")
+            n = seen.get(slug, 0)
+            out.add(slug if n == 0 else f"{slug}-{n}")
+            seen[slug] = n + 1
+    return out
+
+
+def sections(path: Path) -> set[str]:
+    text = path.read_text()
+    return set(re.findall(r"^#{2,4} §([0-9.]*[0-9])", text, re.M)) | set(
+        re.findall(r"\*\*§([0-9.]*[0-9])", text)
+    )
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_resolve_inside_the_repository(page: Path) -> None:
+    problems = []
+    for number, line in prose(page):
+        for target in LINK.findall(line):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            if not dest.exists() or not dest.is_relative_to(ROOT):
+                problems.append(f"{number}: {target}: no such file in the repository")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                problems.append(f"{number}: {target}: no such heading")
+    assert not problems, problems
+
+
+def test_every_cited_document_and_section_exists() -> None:
+    problems = []
+    for path in CODE:
+        text = path.read_text()
+        where = path.relative_to(ROOT)
+        for old in ("ALGORITHMS.md", "ARCHITECTURE.md", "STACK.md", "../shared"):
+            if old in text and path.name != "test_docs.py":
+                problems.append(f"{where}: cites {old}, which is not in the repository")
+        for document, cited in CITE.findall(text):
+            if not (ROOT / document).exists():
+                problems.append(f"{where}: cites {document}, which does not exist")
+                continue
+            held = sections(ROOT / document)
+            for number in re.findall(r"§([0-9][0-9.]*[0-9]|[0-9])", cited):
+                if number not in held:
+                    problems.append(
+                        f"{where}: cites {document} §{number}, which has no such section"
+                    )
+    assert not problems, "\n".join(problems)

@@ -1,0 +1,207 @@
+"""The execution plan (planners.execution): which admission policy a job gets, what
+``compute.packing`` does, and the mode a user reads; the policies' own decisions
+(planners.admission); and the mode as ``elastune run`` and ``elastune plan`` report it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.cli import main
+from planners.search.schedulers.base import Segment
+from planners.spec import SpecError, parse_job
+from planners.staging.admission import StageSlots, WorkerCap
+from planners.execution import execution_plan
+from planners.staging.plan import Plan, Stage
+from planners.staging.stagepack import StagePacker
+from tests.test_bad_input import assert_rejected
+from tests.test_stagepack import JOB as PACKABLE
+
+ASHA = {"name": "asha", "eta": 3, "min_resource": 1, "max_resource": 9}
+PLANNED = {
+    "budget": {"deadline": "2h"},
+    "compute": {"workers": 2, "instance_types": ["g5.xlarge", "g5.12xlarge"]},
+    "profile": {"seconds_per_unit": {1: 60}},
+}
+
+
+def job(**sections: object) -> dict:
+    return {**yaml.safe_load(yaml.safe_dump(PACKABLE)), **sections}
+
+
+def compute(**fields: object) -> dict:
+    return {"workers": 2, **fields}
+
+
+# --- which policy, which mode --------------------------------------------------------------
+
+
+def test_auto_packs_a_distributed_trainable_with_a_speedup() -> None:
+    execution = execution_plan(parse_job(job()), distributed=True)
+    assert isinstance(execution.admission, StagePacker)
+    assert str(execution.mode) == "mode: not planned, packed (fluid), workers = GPUs"
+    assert execution.mode.to_dict() == {
+        "planned": False,
+        "limits": None,
+        "packed": True,
+        "workers": "GPUs",
+    }
+
+
+def test_auto_does_not_pack_what_would_not_gain() -> None:
+    # Not data-parallel: widths above 1 are out, and the profile measured no sharing.
+    execution = execution_plan(parse_job(job()), distributed=False)
+    assert execution.admission == WorkerCap(2)
+    assert str(execution.mode) == "mode: not planned, not packed, workers = segments"
+
+
+def test_off_never_packs() -> None:
+    spec = parse_job(job(compute=compute(packing="off")))
+    assert execution_plan(spec, distributed=True).admission == WorkerCap(2)
+
+
+@pytest.mark.parametrize(
+    ("why", "sections", "distributed", "reason"),
+    [
+        ("not distributed", {}, False, "trainable tests.trainables:wide_quadratic is not"),
+        ("asynchronous", {"scheduler": ASHA}, True, "asha is asynchronous"),
+        ("no profile", {"profile": None}, True, "packing needs a profile"),
+        ("flat profile", {"profile": {"seconds_per_unit": {1: 1, 2: 1}}}, True, "no speedup"),
+    ],
+)
+def test_on_where_packing_cannot_is_bad_input(why, sections, distributed, reason) -> None:
+    spec = parse_job(job(**sections, compute=compute(packing="on")))
+    with pytest.raises(SpecError, match=r"^compute\.packing: on, but ") as error:
+        execution_plan(spec, distributed=distributed)
+    assert reason in str(error.value)
+
+
+def test_on_where_packing_pays_packs() -> None:
+    spec = parse_job(job(compute=compute(packing="on")))
+    assert isinstance(execution_plan(spec, distributed=True).admission, StagePacker)
+
+
+def test_yaml_on_and_off_are_the_words() -> None:
+    for text, word in (("on", "on"), ("off", "off"), ("auto", "auto")):
+        assert parse_job(job(compute=yaml.safe_load(f"packing: {text}"))).compute.packing == word
+    with pytest.raises(SpecError, match=r"compute\.packing"):
+        parse_job(job(compute={"packing": "always"}))
+
+
+def test_a_planned_job_admits_by_its_stage_slots() -> None:
+    execution = execution_plan(parse_job(job(**PLANNED)), distributed=False)
+    assert isinstance(execution.admission, StageSlots)
+    assert execution.plan is not None and all(s.slots for s in execution.plan.stages)
+    assert str(execution.mode) == (
+        "mode: planned (deadline 2h), not packed, "
+        "workers = not used (the cost plan sets each stage's concurrency)"
+    )
+
+
+def test_packing_onto_max_gpus_says_workers_are_not_used() -> None:
+    spec = parse_job(job(compute=compute(max_gpus=2)))
+    mode = execution_plan(spec, distributed=True).mode
+    assert mode.packed and mode.workers == "not used (stages share compute.max_gpus = 2 GPUs)"
+
+
+def test_a_planned_job_packs_its_stages_or_finds_a_width_it_cannot_run() -> None:
+    wide = {"seconds_per_unit": {1: 1800}, "speedup": {2: 1.9, 4: 3.9}}
+    spec = parse_job(job(**{**PLANNED, "profile": wide, "budget": {"deadline": "1h"}}))
+    execution = execution_plan(spec, distributed=True)
+    assert isinstance(execution.admission, StagePacker)
+    assert execution.plan is not None and max(s.gpus_per_trial for s in execution.plan.stages) > 1
+    assert str(execution.mode).startswith("mode: planned (deadline 1h), packed (fluid)")
+    # The same plan for a trainable that is not data-parallel: bad input before anything runs.
+    with pytest.raises(SpecError, match=r"plan stage b0-r\d: trainable: .*distributed"):
+        execution_plan(spec, distributed=False)
+
+
+# --- the policies ------------------------------------------------------------------------
+
+
+def test_worker_cap_counts_segments() -> None:
+    cap = WorkerCap(2)
+    a, b, c = (Segment(t, 0, 1, rung=0) for t in range(3))
+    assert [cap.may_start(s, [a, b][:i]) for i, s in enumerate([a, b, c])] == [True, True, False]
+    assert not cap.may_start_any([a, b]) and cap.may_start_any([a])
+    assert cap.width(Segment(0, 0, 1, rung=0, gpus=0.5)) == 0.5
+    assert cap.demand([]) == (2, 1.0)  # asynchronous: the whole job, one GPU each
+    assert cap.demand([Stage(0, 1, 1, 1, 3)]) == (1, 1.0)  # no more than the stage's trials
+
+
+def test_stage_slots_cap_each_stage_and_give_its_width() -> None:
+    plan = Plan(
+        (
+            Stage(0, 0, 4, 0, 1, gpus_per_trial=1.0, slots=2),
+            Stage(0, 1, 2, 1, 3, gpus_per_trial=4.0, slots=1),
+        ),
+        workers=8,
+    )
+    slots = StageSlots(plan)
+    rung0 = [Segment(t, 0, 1, rung=0) for t in range(3)]
+    top = Segment(0, 1, 3, rung=1)
+    assert slots.may_start(rung0[1], rung0[:1]) and not slots.may_start(rung0[2], rung0[:2])
+    assert slots.may_start(top, rung0[:2])  # another stage's slots
+    assert slots.may_start_any(rung0[:2]) and not slots.may_start_any([*rung0[:2], top])
+    assert (slots.width(rung0[0]), slots.width(top)) == (1.0, 4.0)
+    assert slots.demand(plan.stages) == (3, 4.0)
+
+
+# --- the mode as the commands report it -----------------------------------------------------
+
+
+def write(tmp: Path, data: dict) -> str:
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_run_prints_the_mode_once_and_puts_it_in_json(tmp_path, stores, capsys) -> None:
+    code = main(["run", write(tmp_path, job(compute=compute(packing="off"))), "--json", *stores])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["mode"] == {
+        "planned": False,
+        "limits": None,
+        "packed": False,
+        "workers": "segments",
+    }
+    lines = [line for line in err.splitlines() if line.startswith("mode:")]
+    assert lines == ["mode: not planned, not packed, workers = segments"]
+
+    from prefect.artifacts import Artifact
+
+    assert lines[0] in Artifact.get(f"{summary['job_id']}-plan").data
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_run_with_packing_on_that_cannot_pack_exits_2(tmp_path, stores, capsys) -> None:
+    data = job(trainable="tests.trainables:quadratic", compute=compute(packing="on"))
+    code = main(["run", write(tmp_path, data), *stores])
+    captured = capsys.readouterr()
+    assert captured.err.splitlines()[0].startswith("job ")
+
+    class _WithoutJobLine:  # run prints `job <ID>` before the flow starts
+        def readouterr(self):
+            lines = [line for line in captured.err.splitlines() if not line.startswith("job ")]
+            return type(captured)(captured.out, "\n".join(lines))
+
+    assert_rejected(_WithoutJobLine(), code, "compute.packing", tmp_path)
+
+
+def test_plan_prints_the_mode_run_would_give(tmp_path, capsys) -> None:
+    assert main(["plan", write(tmp_path, job(**PLANNED)), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["stages"]
+    assert err.strip().splitlines()[-1].startswith("mode: planned (deadline 2h), not packed")
+
+
+def test_plan_of_a_trainable_not_here_says_so(tmp_path, capsys) -> None:
+    assert main(["plan", write(tmp_path, job(**PLANNED, trainable="nowhere:train"))]) == 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("mode: unknown here (trainable: cannot import nowhere")
