@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planners.cost import Catalog, PlanReport
-from planners.spec import JobSpec
 from planners.execution import ExecutionPlan, execution_plan
+from planners.spec import JobSpec
 from tasks.train import cuda_devices
 from tasks.trainable import Trainable, load_trainable, supports_distributed
 

@@ -17,10 +17,10 @@ import optuna
 
 from flows.compiled import CompiledJob
 from flows.runs import TrialRuns
+from planners.execution import ExecutionPlan
 from planners.search import StudyJournal, TuningLoop
 from planners.search.schedulers.base import Action, Decision, Segment
 from planners.spec import JobSpec, SpecError, make_sampler, parse_job
-from planners.execution import ExecutionPlan
 from tasks.tracking import (
     Tracker,
     check_storage,

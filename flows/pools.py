@@ -24,9 +24,9 @@ from infra.backends import make_backend
 from infra.pools import read_pool, wait_for_worker
 from infra.sizing import InfraError, PoolBackend
 from infra.template import gpu_job_variables
+from planners.execution import ExecutionPlan
 from planners.search.schedulers.base import Segment
 from planners.spec import JobSpec, SpecError
-from planners.execution import ExecutionPlan
 from tasks.tracking import Tracker
 from tasks.train import JobRef, SegmentReport, report_name
 

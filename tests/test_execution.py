@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from flows.cli import main
+from planners.execution import execution_plan
 from planners.search.schedulers.base import Segment
 from planners.spec import SpecError, parse_job
 from planners.staging.admission import StageSlots, WorkerCap
-from planners.execution import execution_plan
 from planners.staging.plan import Plan, Stage
 from planners.staging.stagepack import StagePacker
 from tests.test_bad_input import assert_rejected
