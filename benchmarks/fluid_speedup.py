@@ -9,7 +9,7 @@ once to its end.
 
 * without packing: one GPU per segment, 32 at once (the simulator's default);
 * with packing: every stage (bracket, rung) is a TrialGroup for a Fluid packer on the 32
-  GPUs, StaticFluid or DynamicFluid (ALGORITHMS.md §6), with elastic widths 1, 2, 4, 8.
+  GPUs, StaticFluid or DynamicFluid (docs/algorithms.md §6), with elastic widths 1, 2, 4, 8.
 
 LCBench times are single-device, so scaling is modelled as in ``benchmarks/packing.py``:
 ``S = {2: 1.8, 4: 3.2, 8: 5.6}`` and a rescale cost (checkpoint + restart) of 3 s. Checks

@@ -13,7 +13,7 @@ DynamicFluid. All three are divided by the same lower bound
 ``max(sum_i min_w w*h_i(w) / M, max_i min_w h_i(w))`` of the elastic widths.
 
 LCBench only gives single-device times, so the scaling profile is modelled:
-``S = {2: 1.8, 4: 3.2, 8: 5.6}`` (ALGORITHMS.md §4.5), a 3 s rescale cost, and, in the
+``S = {2: 1.8, 4: 3.2, 8: 5.6}`` (docs/algorithms.md §4.5), a 3 s rescale cost, and, in the
 ``+sharing`` suites, two trials per GPU at ``sigma(2) = 0.85`` each. With sharing the bound
 is loose (tests/test_packing.py shows a group no schedule brings within 2x), so the 2x
 target applies to the suites without it.

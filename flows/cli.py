@@ -1,4 +1,4 @@
-"""The ``elastune`` command line (ARCHITECTURE.md §4).
+"""The ``elastune`` command line (docs/architecture.md §4).
 
 Exit codes: 0 done, 1 the job failed, 2 bad input (one line on stderr naming the field or
 file; nothing is created in MLflow or Optuna). ``--json`` prints one JSON object on stdout

@@ -5,7 +5,7 @@ launches one GPU instance type. Before a stage, :class:`EcsCapacity` sets the de
 capacity of the group of the stage's instance type to the nodes the stage needs (the §5.5
 placement of its trials, :func:`planners.staging.placement.nodes_needed`) and every other group it
 manages to zero; :meth:`EcsCapacity.release` sets them all to zero. Assumptions, checked in
-:meth:`EcsCapacity.check` (infra/README.md explains how to create such a cluster):
+:meth:`EcsCapacity.check` (docs/ecs.md explains how to create such a cluster):
 
 - managed scaling of the capacity providers is DISABLED, otherwise ECS would overwrite the
   desired capacity set here;
@@ -56,7 +56,7 @@ def aws_session(
             block = AwsCredentials.load(credentials)
         except ValueError:
             raise MissingCredentials(
-                f"{source} not found on the Prefect server; create it as infra/README.md shows"
+                f"{source} not found on the Prefect server; create it as docs/ecs.md shows"
             ) from None
     else:
         source = "the environment" if credentials is None else "AwsCredentials block"
@@ -155,7 +155,7 @@ class EcsCapacity(Sizer):
         if not names:
             raise CapacityError(
                 f"ECS cluster {self.cluster!r} has no EC2 capacity provider; "
-                "create one on a GPU Auto Scaling group (infra/README.md)"
+                "create one on a GPU Auto Scaling group (docs/ecs.md)"
             )
         described = ecs.describe_capacity_providers(capacityProviders=names)
         if described.get("failures"):

@@ -1,6 +1,6 @@
 """The Prefect side of a pool: its type, its concurrency limit and its workers.
 
-The limit is how a plan "sizes" a work pool (STACK.md §2): at most that many flow runs of
+The limit is how a plan "sizes" a work pool (docs/stack.md §2): at most that many flow runs of
 the pool run at once, so a stage of ``n`` concurrent segments sets it to ``n``. Every call
 goes to the Prefect API named by ``PREFECT_API_URL`` through the synchronous client.
 """

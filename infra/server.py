@@ -1,4 +1,4 @@
-"""A real Prefect server and process worker on loopback, for tests and checks (STACK.md §2).
+"""A real Prefect server and process worker on loopback, for tests and checks (docs/stack.md §2).
 
 ``running_server`` starts ``python -m prefect server start`` on a free port with its own
 ``PREFECT_HOME`` and waits for ``/api/health``; ``running_worker`` starts ``python -m prefect
@@ -122,5 +122,5 @@ def running_worker(
     try:
         yield process
     finally:
-        # A worker shuts down cleanly on SIGINT (STACK.md §2); SIGKILL follows if it hangs.
+        # A worker shuts down cleanly on SIGINT (docs/stack.md §2); SIGKILL follows if it hangs.
         stop_group(process, signal.SIGINT)

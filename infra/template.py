@@ -1,7 +1,7 @@
 """The ECS work-pool base job template for GPU training, generated, never hand-edited.
 
 It starts from prefect-aws's own default ECS template (so a prefect-aws upgrade is picked up
-by regenerating) and adds what GPU training on EC2 needs (STACK.md §3):
+by regenerating) and adds what GPU training on EC2 needs (docs/stack.md §3):
 
 - ``gpu_count``: a *string* variable. ``"{{ gpu_count }}"`` keeps the value's native type,
   and ECS rejects an integer in ``resourceRequirements`` (``"value": 1``);

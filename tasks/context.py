@@ -1,4 +1,4 @@
-"""The ``ctx`` a trainable receives (ARCHITECTURE.md §3), in the style of Ray Tune's
+"""The ``ctx`` a trainable receives (docs/architecture.md §3), in the style of Ray Tune's
 function API::
 
     def train(config: dict, ctx: TrialContext) -> None:

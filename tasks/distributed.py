@@ -4,7 +4,7 @@
 CPU, NCCL when CUDA is available), hands each a :class:`DistContext` (rank, world size,
 device) and returns rank 0's return value. A rank that raises or dies ends the whole run
 with a :class:`DistributedError` that names it and carries its traceback; a run that hangs
-ends with a :class:`TimeoutError`. Every rank leaves through STACK.md §6's exit
+ends with a :class:`TimeoutError`. Every rank leaves through docs/stack.md §6's exit
 (``destroy_process_group``; flush; ``os._exit``), so no rank aborts at interpreter exit.
 
 A trial may change its width between segments, so its checkpoint must load at any world
@@ -311,7 +311,7 @@ def _rank_main(
             dist.destroy_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
-        # STACK.md §6: a normal interpreter exit after destroy aborts 10-20% of the time.
+        # docs/stack.md §6: a normal interpreter exit after destroy aborts 10-20% of the time.
         os._exit(1 if failed else 0)
 
 

@@ -1,6 +1,6 @@
 """MLflow in one place: run naming, tags, batched metrics and checkpoints.
 
-One parent run per job, one nested child run per trial (ARCHITECTURE.md §5 names). Every
+One parent run per job, one nested child run per trial (docs/architecture.md §5 names). Every
 call takes explicit run ids through ``MlflowClient``, so tasks running in threads,
 subprocesses or on remote workers never depend on MLflow's thread-local "active run".
 """
@@ -270,7 +270,7 @@ class Tracker:
 
         mlflow.set_tracking_uri(self.uri)
         # Pickle is chosen on purpose (pt2 needs an input example and loads back as a
-        # GraphModule, STACK.md §4), so MLflow's warning about it is noise here.
+        # GraphModule, docs/stack.md §4), so MLflow's warning about it is noise here.
         noisy = logging.getLogger("mlflow.pytorch")
         level = noisy.level
         noisy.setLevel(logging.ERROR)

@@ -1,6 +1,6 @@
 """The training task: one segment of one trial, resumed from its checkpoint.
 
-A segment runs at its width ``Segment.gpus`` (ALGORITHMS.md §6, elastic trials):
+A segment runs at its width ``Segment.gpus`` (docs/algorithms.md §6, elastic trials):
 
 * ``g > 1``: ``g`` data-parallel processes (:func:`tasks.distributed.run_distributed`: gloo on
   CPU, NCCL on CUDA with one GPU per process). Only a trainable that declares it supports

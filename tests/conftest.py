@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 # Prefect reads its settings at import, so isolate its home before anything imports it
-# (cache records in $PREFECT_HOME outlive databases: STACK.md §2).
+# (cache records in $PREFECT_HOME outlive databases: docs/stack.md §2).
 _HOME = tempfile.mkdtemp(prefix="elastune-prefect-")
 os.environ["PREFECT_HOME"] = _HOME
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"

@@ -1,4 +1,4 @@
-"""The session's real Prefect server (STACK.md §2), for tests.
+"""The session's real Prefect server (docs/stack.md §2), for tests.
 
 The fixture ``prefect_api`` wraps ``infra.server.running_server`` for a whole session and
 points this process's Prefect client at it; import it into a test module or ``conftest.py``

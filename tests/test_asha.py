@@ -1,4 +1,4 @@
-"""ASHA (ALGORITHMS.md §3): the worked trace, the promotion rule against a plain reading of
+"""ASHA (docs/algorithms.md §3): the worked trace, the promotion rule against a plain reading of
 §3.1, its quota, brackets, failures and determinism."""
 
 from __future__ import annotations

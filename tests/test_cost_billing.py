@@ -1,4 +1,4 @@
-"""Billing rules of ALGORITHMS.md §5.2 on hand-worked cases."""
+"""Billing rules of docs/algorithms.md §5.2 on hand-worked cases."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""RubberBand's greedy planner on ALGORITHMS.md §5.6, and on deadlines and quotas."""
+"""RubberBand's greedy planner on docs/algorithms.md §5.6, and on deadlines and quotas."""
 
 import itertools
 import math

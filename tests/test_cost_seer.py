@@ -1,4 +1,4 @@
-"""SEER's solver on ALGORITHMS.md §4.5, and the priced SEER planner."""
+"""SEER's solver on docs/algorithms.md §4.5, and the priced SEER planner."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The plan simulator on the worked example of ALGORITHMS.md §5.6 and on hand-worked cases."""
+"""The plan simulator on the worked example of docs/algorithms.md §5.6 and on hand-worked cases."""
 
 import numpy as np
 import pytest

@@ -16,7 +16,7 @@ from planners.cost.simulate import PlanSimulator
 from planners.spec import SpecError, parse_job
 from planners.staging import Profile, Stage, nodes_needed
 
-# ALGORITHMS.md §5.6: 4-GPU nodes at $12.24/h, 3 min to become ready; 12 min per epoch on
+# docs/algorithms.md §5.6: 4-GPU nodes at $12.24/h, 3 min to become ready; 12 min per epoch on
 # 1 GPU, S = {2: 1.8, 4: 3.2}; SHA with (8, 4, 2) trials training (1, 2, 4) epochs.
 NODE = {"gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}
 JOB = [Stage(0, 0, 8, 0, 1), Stage(0, 1, 4, 1, 3), Stage(0, 2, 2, 3, 7)]

@@ -88,3 +88,17 @@ def test_every_cited_document_and_section_exists() -> None:
                         f"{where}: cites {document} §{number}, which has no such section"
                     )
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_paths_the_docs_name_exist(page: Path) -> None:
+    named = re.compile(
+        r"`((?:flows|tasks|planners|infra|tests|benchmarks|examples|docs)/[\w./-]*)`"
+    )
+    missing = [
+        f"{number}: {path}"
+        for number, line in prose(page)
+        for path in named.findall(line)
+        if not (ROOT / path.split(":")[0].rstrip("/")).exists()
+    ]
+    assert not missing, missing

@@ -1,6 +1,6 @@
 """The ECS capacity backend against moto: real boto3 calls, an in-process fake AWS.
 
-moto does not register Auto Scaling instances with ECS (STACK.md §3), so the readiness
+moto does not register Auto Scaling instances with ECS (docs/stack.md §3), so the readiness
 test registers them by hand, as the ECS agent would on a real GPU AMI.
 """
 

@@ -4,7 +4,7 @@ The template is resolved the way the worker resolves it
 (``ECSJobConfiguration.from_template_and_values``), with a Prefect client that points at a
 closed port: the template holds no block or variable references, so no server is needed,
 and any API call would fail the test. The worker's own ``_prepare_and_create_task`` then
-registers the task definition and runs the task in moto (STACK.md §3). ``async with
+registers the task definition and runs the task in moto (docs/stack.md §3). ``async with
 ECSWorker(...)`` is never entered: its SQS observer does not work under in-process moto.
 """
 

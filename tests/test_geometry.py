@@ -4,7 +4,7 @@ import pytest
 
 from planners.spec.geometry import floor_log, hyperband_brackets, rung_levels, sha_bracket
 
-# ALGORITHMS.md §2.3: R = 81, r = 1, eta = 3.
+# docs/algorithms.md §2.3: R = 81, r = 1, eta = 3.
 TABLE = {
     0: [(81, 1), (27, 3), (9, 9), (3, 27), (1, 81)],
     1: [(34, 3), (11, 9), (3, 27), (1, 81)],

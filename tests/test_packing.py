@@ -1,4 +1,4 @@
-"""Fluid packing (ALGORITHMS.md §6): the worked examples, validation, and the 2x property."""
+"""Fluid packing (docs/algorithms.md §6): the worked examples, validation, and the 2x property."""
 
 from __future__ import annotations
 

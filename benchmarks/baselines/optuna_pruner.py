@@ -1,4 +1,4 @@
-"""Any Optuna pruner as a stopping-type scheduler (ALGORITHMS.md §3.5), for side-by-side runs.
+"""Any Optuna pruner as a stopping-type scheduler (docs/algorithms.md §3.5), for side-by-side runs.
 
 Optuna's ``SuccessiveHalvingPruner`` and ``HyperbandPruner`` are asynchronous and
 stopping-type: a trial keeps training and is compared at each rung as it crosses it. This

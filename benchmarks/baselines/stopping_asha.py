@@ -1,5 +1,5 @@
 """Stopping-type ASHA, as Ray Tune's ``AsyncHyperBandScheduler`` and Syne Tune's stopping
-Hyperband run it (ALGORITHMS.md §3.5).
+Hyperband run it (docs/algorithms.md §3.5).
 
 A trial never waits: it trains on, and each time it crosses a rung ``r * eta**k`` (below
 ``max_resource``) it is compared with the values other trials recorded at that rung

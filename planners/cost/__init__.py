@@ -1,4 +1,4 @@
-"""Cost planning (ALGORITHMS.md §4-§5): catalog, billing, simulator, planners.
+"""Cost planning (docs/algorithms.md §4-§5): catalog, billing, simulator, planners.
 
 ``plan_job(spec, planner, catalog)`` is the entry point; ``draw_gantt`` (in
 ``planners.cost.gantt``, which imports matplotlib) draws its report.

@@ -5,7 +5,7 @@ run side by side; SHA has one). A stage names the instance type, its market (on-
 spot: discounted but interrupted at the catalog's rate) and how many instances it holds,
 and splits its trials into GPU tiers: trials that share a GPU count per trial and train
 the same resource in the stage. RubberBand stages have one tier; a SEER stage has
-one per tier (ALGORITHMS.md §4.2).
+one per tier (docs/algorithms.md §4.2).
 
 Example:
     >>> stage = StagePlan(0, 0, (GpuTier(8, 2.0, 1.0),), "p3.8xlarge", 4)

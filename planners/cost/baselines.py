@@ -24,7 +24,7 @@ Example:
     >>> simulator = PlanSimulator(catalog, Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}))
     >>> job = [Stage(0, 0, 8, 0, 1), Stage(0, 1, 4, 1, 3), Stage(0, 2, 2, 3, 7)]
     >>> plan = RubberBand(simulator, ["p3.8xlarge"], deadline=36 * 60).plan(job).plan
-    >>> static = static_pool(simulator, plan, "p3.8xlarge", 4)    # ALGORITHMS.md §5.6
+    >>> static = static_pool(simulator, plan, "p3.8xlarge", 4)    # docs/algorithms.md §5.6
     >>> round(simulator.run(static).cost_mean, 2)
     26.25
 """

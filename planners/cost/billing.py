@@ -1,4 +1,4 @@
-"""Billing rules of the cost model (ALGORITHMS.md §5.2).
+"""Billing rules of the cost model (docs/algorithms.md §5.2).
 
 An instance alive for ``d`` seconds is billed ``max(min_charge, ceil(d / quantum) * quantum)``
 seconds at its hourly price. The clock starts when the instance is requested (so startup

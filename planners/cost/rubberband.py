@@ -1,4 +1,5 @@
-"""RubberBand: the cheapest allocation plan whose p95 JCT meets the deadline (ALGORITHMS.md §5.4).
+"""RubberBand: the cheapest allocation plan whose p95 JCT meets the deadline
+(docs/algorithms.md §5.4).
 
 The job is fixed (its stages, trials and resources come from the scheduler's geometry);
 the plan chooses, per stage, the GPUs per trial, the instance type and the pool size. The
@@ -38,7 +39,7 @@ gets a fixed share of the quota in proportion to its work; a stage whose trials 
 its share runs them in waves. Instance types that another type dominates (same node size
 and billing, no slower, no dearer, no slower to start) are skipped.
 
-Example (ALGORITHMS.md §5.6):
+Example (docs/algorithms.md §5.6):
     >>> from planners.cost.catalog import parse_catalog
     >>> from planners.staging import Profile
     >>> from planners.cost.simulate import PlanSimulator

@@ -1,4 +1,4 @@
-"""SEER: the most configurations a deadline and a budget can explore (ALGORITHMS.md §4.2-4.3).
+"""SEER: the most configurations a deadline and a budget can explore (docs/algorithms.md §4.2-4.3).
 
 Elastic SHA in wall-clock time: ``K`` stages of ``T = D/K - o`` hours; ``N_1`` trials start
 on ``u(1)`` GPUs and after every stage the best ``N_k = floor(N_1/eta^(k-1))`` survive. A
@@ -15,7 +15,7 @@ stragglers and whole-node billing make the real plan longer and dearer than the
 arithmetic, so the deadline and budget it solves for are tightened until the simulated
 p95 JCT and p95 cost fit.
 
-Example (ALGORITHMS.md §4.5):
+Example (docs/algorithms.md §4.5):
     >>> table = solve(12, 150, max_resource=27, eta=3,
     ...               units_per_hour={1: 1.0, 2: 1.8, 4: 3.2, 8: 5.6})
     >>> best = table.best

@@ -36,7 +36,7 @@ the same stragglers, startup draws and spot lifetimes (common random numbers,
 re-simulates one chain. Results are in ``planners.cost.outcome``, the nominal trace in
 ``planners.cost.trace``, the nodes and their bills in ``planners.cost.pool``.
 
-Example (ALGORITHMS.md §5.6, plan (4,4,4)):
+Example (docs/algorithms.md §5.6, plan (4,4,4)):
     >>> from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
     >>> from planners.cost.catalog import parse_catalog
     >>> from planners.staging import Profile
@@ -408,7 +408,7 @@ class PlanSimulator:
         return layout
 
     def packed(self, stage: StagePlan, instance: InstanceType) -> StagePlan:
-        """With packing, the stage as Fluid runs it (ALGORITHMS.md §6.3): its trials are
+        """With packing, the stage as Fluid runs it (docs/algorithms.md §6.3): its trials are
         packed over the stage's ``instances x gpus`` GPUs, each trial's workers on one node
         (StaticFluid, or one width for all where that is shorter:
         :func:`planners.staging.fluid.best_rigid`), and take those widths; the nodes, and so the

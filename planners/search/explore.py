@@ -1,6 +1,6 @@
 """Draw and perturb values of Optuna distributions with a seeded numpy generator.
 
-PBT explores by resampling or nudging a donor's configuration (ALGORITHMS.md §7.3), and
+PBT explores by resampling or nudging a donor's configuration (docs/algorithms.md §7.3), and
 the simulator's fast path draws configurations without an Optuna study; both work on the
 job's own distributions (:func:`planners.spec.space.distributions`), so bounds, log scales,
 steps and choices are honoured in one place.

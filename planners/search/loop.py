@@ -258,7 +258,7 @@ class TuningLoop:
             return
         self._finished.add(trial_id)
         # GridSampler stops the study from inside tell once the grid is exhausted; the
-        # trial is stored all the same (STACK.md §5).
+        # trial is stored all the same (docs/stack.md §5).
         with contextlib.suppress(RuntimeError):
             self.study.tell(self._trials[trial_id], value, state=state)
 

@@ -10,7 +10,7 @@ inherited weights.
 
 Packing (:class:`Packing`, synchronous SHA and Hyperband only): the workers are the pool's
 GPUs, and the segments the scheduler hands out at once form one TrialGroup per (bracket,
-rung), submitted to a Fluid packer (ALGORITHMS.md §6, :mod:`planners.staging.fluid`). The
+rung), submitted to a Fluid packer (docs/algorithms.md §6, :mod:`planners.staging.fluid`). The
 packer chooses each segment's width, ``w`` GPUs training ``S(w)`` times as fast (the
 profile's speedup), and when it starts; DynamicFluid also widens running segments as others
 finish, paying the profile's rescale cost. A segment's work is its epochs' cost on one GPU,

@@ -1,4 +1,4 @@
-"""Rung ladders and bracket geometry of successive halving and Hyperband (ALGORITHMS.md §2).
+"""Rung ladders and bracket geometry of successive halving and Hyperband (docs/algorithms.md §2).
 
 Rungs are anchored at the top: rung ``i`` of a bracket with ``K`` promotions sits at
 ``R / eta**(K - i)``, so every finalist trains to exactly ``max_resource``. When ``R / r`` is

@@ -1,4 +1,4 @@
-"""The job file as a pydantic model (ARCHITECTURE.md §4), validated once.
+"""The job file as a pydantic model (docs/architecture.md §4), validated once.
 
 Every user mistake surfaces as :class:`SpecError`, one line naming the field, so the CLI
 can print it and exit with code 2 before anything is created in MLflow or Optuna
@@ -248,7 +248,8 @@ class BloomSpec(_Ladder):
     trials when the pool runs dry (``planners/search/schedulers/bloom.py``). Paired with the
     ``mf-tpe`` sampler it reached the target more often and ended with better models than
     random search, ASHA, Optuna's SuccessiveHalvingPruner and synchronous SHA on LCBench,
-    though ASHA and Optuna's pruner reached 97% slightly sooner (README, "The default tuner")."""
+    though ASHA and Optuna's pruner reached 97% slightly sooner (docs/benchmarks.md, the
+    default tuner)."""
 
     name: Literal["bloom"] = "bloom"
     max_trials: int | None = Field(default=81, ge=1)
@@ -312,7 +313,7 @@ class BudgetSpec(_Strict):
 
 
 class EcsSpec(_Strict):
-    """Where an ``ecs`` work pool's EC2 capacity comes from (infra/README.md)."""
+    """Where an ``ecs`` work pool's EC2 capacity comes from (docs/ecs.md)."""
 
     cluster: str = Field(min_length=1)
     capacity_providers: list[str] | None = None

@@ -1,4 +1,4 @@
-"""The two Fluid policies (ALGORITHMS.md §6) on the engine of :mod:`planners.staging.packing`:
+"""The two Fluid policies (docs/algorithms.md §6) on the engine of :mod:`planners.staging.packing`:
 
 * :class:`StaticFluid` fixes each segment's width when its group arrives and list-schedules
   the rectangles (tallest first, any that fits starts).

@@ -1,4 +1,4 @@
-"""The Fluid packer's event engine and its vocabulary (ALGORITHMS.md §6).
+"""The Fluid packer's event engine and its vocabulary (docs/algorithms.md §6).
 
 A segment is a rectangle: its **width** is its GPU share ``w`` and its **height** the time it
 runs at that width. Widths above 1 are data-parallel training on ``w`` GPUs of one node

@@ -1,4 +1,4 @@
-"""Placing a stage's trials on GPU nodes (ALGORITHMS.md §5.5): best fit, largest first.
+"""Placing a stage's trials on GPU nodes (docs/algorithms.md §5.5): best fit, largest first.
 
 Trials are taken largest first. A trial that fits one node goes to the open node where it
 fits most tightly, so its workers share NVLink/PCIe and never all-reduce over the network.

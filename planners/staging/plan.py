@@ -1,4 +1,4 @@
-"""The compiled plan: a staged DAG with one stage per rung of every bracket (ALGORITHMS.md §9).
+"""The compiled plan: a staged DAG with one stage per rung of every bracket (docs/algorithms.md §9).
 
 Example:
     >>> from planners.spec import parse_job

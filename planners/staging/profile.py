@@ -6,7 +6,7 @@ speeds relative to one whole GPU. Speedup is ``S(g) = t(1) / t(g)``.
 
 A segment of ``r`` resource units on ``g`` GPUs takes ``overhead + r * t(g)`` seconds on
 average. Its spread has two parts: unit-to-unit noise, independent between units, so by the
-central limit theorem its sd grows as ``sqrt(r) * sd(g)`` (ALGORITHMS.md §5.3); and a
+central limit theorem its sd grows as ``sqrt(r) * sd(g)`` (docs/algorithms.md §5.3); and a
 per-segment straggler factor ``segment_cv`` (a slow node stays slow for the whole segment),
 whose sd grows as ``r * t(g) * segment_cv``.
 

@@ -1,6 +1,6 @@
 """Fluid in the staged flow: every stage is a TrialGroup packed onto the GPUs it has.
 
-A synchronous stage (one rung of one bracket) is the TrialGroup of ALGORITHMS.md §6: the
+A synchronous stage (one rung of one bracket) is the TrialGroup of docs/algorithms.md §6: the
 scheduler waits for all of its segments. When its first segment asks to start, the stage's
 segments still to run are packed over the GPUs free for the stage right now: StaticFluid's
 water-filling widths from the profile's speedup, or its water-level allotment, or one width

@@ -1,4 +1,4 @@
-"""Asynchronous successive halving with promotion (ALGORITHMS.md §3), and asynchronous
+"""Asynchronous successive halving with promotion (docs/algorithms.md §3), and asynchronous
 Hyperband when it runs several brackets (§3.4).
 
 Promotion-type, as in the paper: a trial trains to its rung and waits there (PAUSE). When a

@@ -1,4 +1,4 @@
-"""The event-driven scheduler interface (ALGORITHMS.md §7.4).
+"""The event-driven scheduler interface (docs/algorithms.md §7.4).
 
 An executor (a Prefect flow, or the simulator) asks :meth:`Scheduler.next_segment` for work
 whenever a worker is free and reports every finished segment to :meth:`Scheduler.on_result`.
@@ -107,7 +107,7 @@ class Scheduler(ABC):
 
 
 class Stopping(Scheduler):
-    """Base of the stopping-type schedulers (ALGORITHMS.md §3.5): every trial trains along
+    """Base of the stopping-type schedulers (docs/algorithms.md §3.5): every trial trains along
     the same segment ends ``levels``; after each segment it either continues, its next
     segment going before any new trial, or stops for good.
 

@@ -2,7 +2,7 @@
 
 Early ranks are a poor guide on real learning curves: on LCBench the rank correlation
 between epoch 1 and epoch 52 is -0.6..0.5, and the configurations that end up best are
-often middling after an epoch or two. Bloom is promotion-type ASHA (ALGORITHMS.md §3)
+often middling after an epoch or two. Bloom is promotion-type ASHA (docs/algorithms.md §3)
 with three changes aimed at them:
 
 1. **A late first cut.** A trial can be cut at most ``promotions`` times, so the first rung

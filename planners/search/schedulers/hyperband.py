@@ -1,4 +1,4 @@
-"""Synchronous Hyperband (ALGORITHMS.md §2.2): its brackets run as independent chains.
+"""Synchronous Hyperband (docs/algorithms.md §2.2): its brackets run as independent chains.
 
 A worker that finds the current bracket waiting at a barrier starts work from the next
 bracket, so brackets overlap in time instead of leaving workers idle.

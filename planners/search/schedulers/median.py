@@ -1,4 +1,5 @@
-"""The median stopping rule (ALGORITHMS.md §7.2, after Google Vizier and Ray Tune), in segments.
+"""The median stopping rule (docs/algorithms.md §7.2, after Google Vizier and Ray Tune), in
+segments.
 
 Every trial trains in segments of ``interval`` resource. After each segment that ends at
 ``t >= grace_period``, the trial is stopped for good when its best loss so far is worse than

@@ -1,4 +1,4 @@
-"""Population-based training (ALGORITHMS.md §7.3), asynchronous like Ray Tune's default.
+"""Population-based training (docs/algorithms.md §7.3), asynchronous like Ray Tune's default.
 
 A fixed population trains in segments of ``perturbation_interval``. When a member finishes
 a segment, the live members that have reported are ranked by their latest loss. A member in

@@ -1,4 +1,4 @@
-"""Synchronous successive halving (ALGORITHMS.md §2.1) as an event-driven scheduler.
+"""Synchronous successive halving (docs/algorithms.md §2.1) as an event-driven scheduler.
 
 Each rung is a stage with a barrier: its segments are handed out as workers free up, and
 only when every trial of the rung has a result are the best ``rungs[i+1].trials`` promoted
