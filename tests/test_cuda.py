@@ -9,8 +9,6 @@ runs. Run on a GPU machine: ``pytest -m cuda``.
 from __future__ import annotations
 
 import io
-import itertools
-import json
 import os
 import shutil
 import subprocess
@@ -20,12 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
-from flows.cli import main
 from planners.search import Segment
 from tasks.tracking import Tracker
 from tasks.train import JobRef, mps_running, run_segment
+from tests.test_devices import overlaps, run_four_segments
 
 pytestmark = [
     pytest.mark.cuda,
@@ -86,27 +83,12 @@ def test_a_local_job_hands_its_segments_the_machines_devices(tmp_path, stores, c
     log = tmp_path / "devices.log"
     monkeypatch.setenv("ELASTUNE_TEST_DEVICES", str(log))
     monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.3")
-    job = {
-        "name": "on-cuda",
-        "trainable": "tests.trainables:device_counter",
-        "metric": "val_accuracy",
-        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-        "scheduler": {"name": "random", "max_resource": 3, "max_trials": 4},
-        "compute": {"workers": 2},
-    }
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    code = main(["run", str(path), "--json", *stores])
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    assert json.loads(out)["segments"] == 4
+    assert run_four_segments(tmp_path, stores, capsys, "device_counter") == 4
     rows = [line.split() for line in log.read_text().splitlines()]
     devices = torch.cuda.device_count()
     assert {device for _, device, _, _ in rows} <= {f"cuda:{d}" for d in range(devices)}
     spans = [(float(b), float(e), device) for _, device, b, e in rows]
-    overlapping = [
-        (a, b) for a, b in itertools.combinations(spans, 2) if a[0] < b[1] and b[0] < a[1]
-    ]
+    overlapping = overlaps(spans)
     assert overlapping, "no two segments trained at once"
     if devices > 1:  # with devices enough, concurrent segments never share one
         assert all(a[2] != b[2] for a, b in overlapping)

@@ -75,9 +75,20 @@ def test_a_local_job_gives_concurrent_segments_different_devices(
         return report
 
     monkeypatch.setattr(tasks.train, "run_segment", recording)
+    assert run_four_segments(tmp_path, stores, capsys, "pid_logged_quadratic") == 4
+    assert len(calls) == 4
+    assert {ids for _, _, ids in calls} == {(0,), (1,)}
+    overlapping = overlaps(calls)
+    assert overlapping, "no two segments ran at once"
+    assert all(a[2] != b[2] for a, b in overlapping)
+
+
+def run_four_segments(tmp_path, stores, capsys, trainable: str) -> int:
+    """Run 4 one-segment trials of ``tests.trainables.<trainable>``, 2 at once; the segments
+    the job reports."""
     job = {
-        "name": "two-gpus",
-        "trainable": "tests.trainables:pid_logged_quadratic",
+        "name": "devices",
+        "trainable": f"tests.trainables:{trainable}",
         "metric": "val_accuracy",
         "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
         "scheduler": {"name": "random", "max_resource": 2, "max_trials": 4},
@@ -88,13 +99,12 @@ def test_a_local_job_gives_concurrent_segments_different_devices(
     code = main(["run", str(path), "--json", *stores])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert json.loads(out)["segments"] == 4 and len(calls) == 4
-    assert {ids for _, _, ids in calls} == {(0,), (1,)}
-    overlapping = [
-        (a, b) for a, b in itertools.combinations(calls, 2) if a[0] < b[1] and b[0] < a[1]
-    ]
-    assert overlapping, "no two segments ran at once"
-    assert all(a[2] != b[2] for a, b in overlapping)
+    return json.loads(out)["segments"]
+
+
+def overlaps(spans: list[tuple]) -> list[tuple[tuple, tuple]]:
+    """The pairs of ``(begin, end, ...)`` spans that overlap in time."""
+    return [(a, b) for a, b in itertools.combinations(spans, 2) if a[0] < b[1] and b[0] < a[1]]
 
 
 def test_mps_is_running_only_while_its_daemon_lives(tmp_path, monkeypatch) -> None:
