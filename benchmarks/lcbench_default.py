@@ -16,14 +16,14 @@ best; time to 97% / oracle.
 
 Time to 97% / oracle, exactly: for one run, the first simulated wall-clock second at which
 any trained epoch of any trial (inside a segment too, at the moment that epoch would end,
-``Simulation.time_to``) shows val_accuracy >= 0.97 x the task best, divided by the 52-epoch
+``SimulatedRun.time_to``) shows val_accuracy >= 0.97 x the task best, divided by the 52-epoch
 cumulative time of the task's best configuration (the oracle); a run that never gets there
 within the budget counts as infinite. The median over seeds per task, then over tasks.
 Our reproductions of the issue's rows come out much smaller (0.26-0.58) than the issue
 quotes (0.90-1.38). We cannot see the issue's code; the likeliest cause is that its time
 counted only trials trained to 52 epochs (ASHA's "time to a fully trained model"), which
 contradicts its own "every trained epoch counts as an observation" but matches its
-magnitudes: that variant (``Simulation.time_to(..., trained=True)``) is stored as
+magnitudes: that variant (``SimulatedRun.time_to(..., trained=True)``) is stored as
 ``time_to_97_trained_over_oracle`` in the JSON and printed as the last column. Other
 possible differences: surrogate curves instead of the table, raw instead of monotone
 cumulative time, or another oracle (e.g. the median configuration's time).
