@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import optuna
@@ -32,8 +33,8 @@ from tasks.tracking import (
 from tasks.train import JobRef, SegmentReport
 
 # Where a job keeps what resume needs: the spec and parent run on the study, each trial's
-# MLflow run on its Optuna trial.
-SPEC_ATTR, RUN_ATTR = "elastune.spec", "mlflow_run_id"
+# MLflow run on its Optuna trial; and, once it finished, when and its summary.
+SPEC_ATTR, RUN_ATTR, FINISHED_ATTR = "elastune.spec", "mlflow_run_id", "elastune.finished"
 
 
 class MetricNotReported(SpecError):
@@ -91,8 +92,7 @@ class Job:
     def create(cls, compiled: CompiledJob, job_id: str, warm_start: list[dict[str, Any]]) -> Job:
         """A new job: its study, its parent run, and ``warm_start`` configs tried first."""
         spec = compiled.spec
-        check_tracking_uri(spec.tracking.mlflow_uri, "tracking.mlflow_uri")
-        check_storage(spec.tracking.optuna_storage, "tracking.optuna_storage")
+        check_stores(spec)
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
         storage = local_uri(spec.tracking.optuna_storage)
         with first_use(storage):
@@ -123,8 +123,12 @@ class Job:
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
         runs = TrialRuns.take_up(tracker, study.study_name, stored.parent, named)
         job = cls(compiled, study.study_name, study, runs)
+        last: dict[int, Decision] = {}  # each trial's latest decision: what its run shows
         for result, note, decisions in job.loop.replay(*job.journal.fold()):
-            job._account(result.trial, note or {}, decisions)
+            job.tally.count(result.trial, note or {}, spec.metric)
+            last.update((decision.trial, decision) for decision in decisions)
+        for decision in last.values():
+            job.runs.settle(decision, job.tally.errors.get(decision.trial))
         return job
 
     # --- one segment ---------------------------------------------------------------------
@@ -177,6 +181,11 @@ class Job:
         best = self.loop.best()
         return None if best is None else best.metric
 
+    def mark_finished(self, summary: dict[str, Any]) -> None:
+        """Store the summary on the study: resuming a finished job only reports it."""
+        at = datetime.now(UTC).isoformat(timespec="seconds")
+        self.journal.study.set_user_attr(FINISHED_ATTR, {"at": at, "summary": summary})
+
     def abort(self, bad_input: bool) -> None:
         """A failed job keeps what it finished; bad input leaves nothing behind."""
         self.runs.abort(purge=bad_input)
@@ -184,18 +193,35 @@ class Job:
             optuna.delete_study(study_name=self.job_id, storage=self.storage)
 
 
+def check_stores(spec: JobSpec) -> None:
+    """Bad input unless the job's MLflow and Optuna stores can be opened; cheap, so
+    ``elastune run`` checks before Prefect starts too."""
+    check_tracking_uri(spec.tracking.mlflow_uri, "tracking.mlflow_uri")
+    check_storage(spec.tracking.optuna_storage, "tracking.optuna_storage")
+
+
 class StoredJob(NamedTuple):
-    """What a job's study holds: the study, the spec and the parent run's id."""
+    """What a job's study holds: the study, the spec, the parent run's id, and for a job
+    that finished, ``{"at": ISO time, "summary": its summary}``."""
 
     study: optuna.Study
     spec: JobSpec
     parent: str
+    finished: dict[str, Any] | None = None
+
+    def already_finished(self) -> dict[str, Any] | None:
+        """The summary of a finished job, marked ``already_finished`` and with its
+        ``finished_at`` time; None if it has not finished."""
+        if self.finished is None:
+            return None
+        at = self.finished["at"]
+        return {**self.finished["summary"], "already_finished": True, "finished_at": at}
 
 
-def stored_job(job_id: str, storage: str) -> StoredJob:
+def stored_job(job_id: str, storage: str, field: str = "storage") -> StoredJob:
     """Job ``job_id`` as its study in ``storage`` holds it; a job that is not there is bad
-    input naming the job id."""
-    check_storage(storage, "storage")
+    input naming the job id, a malformed ``storage`` bad input naming ``field``."""
+    check_storage(storage, field)
     url = local_uri(storage)
     database = sqlite_path(url)
     if database is not None and not database.exists():  # load_study would create it
@@ -207,4 +233,5 @@ def stored_job(job_id: str, storage: str) -> StoredJob:
     attrs = study.user_attrs  # one read of the storage
     if SPEC_ATTR not in attrs:
         raise SpecError(f"job id: study {job_id!r} was not made by elastune")
-    return StoredJob(study, parse_job(attrs[SPEC_ATTR], f"job {job_id}"), attrs[RUN_ATTR])
+    spec = parse_job(attrs[SPEC_ATTR], f"job {job_id}")
+    return StoredJob(study, spec, attrs[RUN_ATTR], attrs.get(FINISHED_ATTR))

@@ -12,6 +12,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from typing import Any
 import sqlalchemy
 from filelock import FileLock
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.utils.uri import extract_db_type_from_uri
 
@@ -119,6 +120,11 @@ class Tracker:
 
     def __init__(self, uri: str, experiment: str):
         self.uri = local_uri(uri)
+        database = sqlite_path(self.uri)
+        # The database and artifacts folder this tracker makes: removed again if the job
+        # turns out to be bad input.
+        made = [] if database is None else [database, database.parent / "artifacts"]
+        self._made = [path for path in made if not path.exists()]
         with first_use(self.uri):  # the client builds (and caches) its store right away
             self.client = MlflowClient(self.uri)
         self.experiment = experiment
@@ -199,6 +205,10 @@ class Tracker:
         self.client.set_terminated(
             run_id, status=RunStatus.to_string(RunStatus.from_string(status))
         )
+
+    def status(self, run_id: str) -> str:
+        """The run's status: ``RUNNING``, ``FINISHED``, ``FAILED``, ..."""
+        return self.client.get_run(run_id).info.status
 
     def metric_history(self, run_id: str, metric: str) -> list[tuple[int, float]]:
         return [(m.step, m.value) for m in self.client.get_metric_history(run_id, metric)]
@@ -325,3 +335,19 @@ class Tracker:
             args += ["--experiment-ids", self.experiment_id]
         with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
             gc.main(args, standalone_mode=False)
+        self._remove_if_empty()
+
+    def _remove_if_empty(self) -> None:
+        """Remove the database (and artifacts folder) this tracker made when it holds
+        nothing but MLflow's own empty ``Default`` experiment: bad input leaves no store."""
+        if not self._made or self._made[0] != sqlite_path(self.uri):
+            return
+        with first_use(self.uri):  # another job may be opening the same new store
+            experiments = self.client.search_experiments(view_type=ViewType.ALL)
+            if [e.name for e in experiments] != ["Default"] or self.client.search_runs(
+                [experiments[0].experiment_id], run_view_type=ViewType.ALL, max_results=1
+            ):
+                return
+            self._made[0].unlink()
+            for folder in self._made[1:]:
+                shutil.rmtree(folder, ignore_errors=True)
