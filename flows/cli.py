@@ -122,7 +122,7 @@ def _finish(job_id: str, run: Callable[[], dict[str, Any]], as_json: bool) -> in
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from flows.job import stored_job
+    from flows.stored import stored_job
 
     # The study answers before Prefect starts: an unknown job id or a finished job at once.
     stored = stored_job(args.job_id, args.storage, "--storage")

@@ -12,29 +12,20 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import optuna
 
 from flows.compiled import CompiledJob
 from flows.runs import TrialRuns
+from flows.stored import FINISHED_ATTR, RUN_ATTR, SPEC_ATTR, StoredJob
 from planners.execution import ExecutionPlan
 from planners.search import StudyJournal, TuningLoop
 from planners.search.schedulers.base import Action, Decision, Segment
-from planners.spec import JobSpec, SpecError, make_sampler, parse_job
-from tasks.tracking import (
-    Tracker,
-    check_storage,
-    check_tracking_uri,
-    first_use,
-    local_uri,
-    sqlite_path,
-)
+from planners.spec import JobSpec, SpecError, make_sampler
+from tasks.stores import check_storage, first_use, local_uri
+from tasks.tracking import Tracker, check_tracking_uri
 from tasks.train import JobRef, SegmentReport
-
-# Where a job keeps what resume needs: the spec and parent run on the study, each trial's
-# MLflow run on its Optuna trial; and, once it finished, when and its summary.
-SPEC_ATTR, RUN_ATTR, FINISHED_ATTR = "elastune.spec", "mlflow_run_id", "elastune.finished"
 
 
 class MetricNotReported(SpecError):
@@ -198,40 +189,3 @@ def check_stores(spec: JobSpec) -> None:
     ``elastune run`` checks before Prefect starts too."""
     check_tracking_uri(spec.tracking.mlflow_uri, "tracking.mlflow_uri")
     check_storage(spec.tracking.optuna_storage, "tracking.optuna_storage")
-
-
-class StoredJob(NamedTuple):
-    """What a job's study holds: the study, the spec, the parent run's id, and for a job
-    that finished, ``{"at": ISO time, "summary": its summary}``."""
-
-    study: optuna.Study
-    spec: JobSpec
-    parent: str
-    finished: dict[str, Any] | None = None
-
-    def already_finished(self) -> dict[str, Any] | None:
-        """The summary of a finished job, marked ``already_finished`` and with its
-        ``finished_at`` time; None if it has not finished."""
-        if self.finished is None:
-            return None
-        at = self.finished["at"]
-        return {**self.finished["summary"], "already_finished": True, "finished_at": at}
-
-
-def stored_job(job_id: str, storage: str, field: str = "storage") -> StoredJob:
-    """Job ``job_id`` as its study in ``storage`` holds it; a job that is not there is bad
-    input naming the job id, a malformed ``storage`` bad input naming ``field``."""
-    check_storage(storage, field)
-    url = local_uri(storage)
-    database = sqlite_path(url)
-    if database is not None and not database.exists():  # load_study would create it
-        raise SpecError(f"job id: no job {job_id!r} in {storage} (no such database)")
-    try:
-        study = optuna.load_study(study_name=job_id, storage=url)
-    except KeyError:
-        raise SpecError(f"job id: no job {job_id!r} in {storage}") from None
-    attrs = study.user_attrs  # one read of the storage
-    if SPEC_ATTR not in attrs:
-        raise SpecError(f"job id: study {job_id!r} was not made by elastune")
-    spec = parse_job(attrs[SPEC_ATTR], f"job {job_id}")
-    return StoredJob(study, spec, attrs[RUN_ATTR], attrs.get(FINISHED_ATTR))

@@ -22,8 +22,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.compiled import compile_job
 from flows.drive import drive
-from flows.job import Job, new_job_id, stored_job
+from flows.job import Job, new_job_id
 from flows.pools import PoolTarget, open_pool
+from flows.stored import stored_job
 from infra.sizing import InfraError
 from planners.spec import JobSpec, SpecError, load_job
 

@@ -17,7 +17,8 @@ from mlflow.entities import ViewType
 import flows.tune
 from flows.cli import main
 from flows.compiled import compile_job
-from flows.job import Job, stored_job
+from flows.job import Job
+from flows.stored import stored_job
 from planners.search import Segment
 from planners.spec import parse_job
 from tasks.tracking import Tracker
