@@ -66,8 +66,9 @@ class JobRef:
 
     def trial_seed(self, trial: int) -> int:
         """``ctx.seed`` of a trial: the job's seed mixed with the trial id (the trial id
-        alone when the job has no seed)."""
-        return trial if self.seed is None else mix(self.seed, trial)
+        alone when the job has no seed); 31 bits, so that any seeding API takes it, and
+        arithmetic on it (``GlobalBatches``) stays within 64 bits."""
+        return trial if self.seed is None else mix(self.seed, trial) % 2**31
 
     @classmethod
     def of(cls, spec: JobSpec, job_id: str, mlflow_uri: str) -> JobRef:
