@@ -10,6 +10,7 @@ from typing import Any
 
 import optuna
 import pytest
+import torch
 import yaml
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
@@ -157,3 +158,15 @@ def test_trials_initialise_from_the_job_seed(tmp_path) -> None:
 
     assert first_weight(1) == first_weight(1)
     assert first_weight(1) != first_weight(2)
+
+
+def test_the_registry_compares_with_the_newest_tagged_version(tmp_path) -> None:
+    """docs/cli.md and docs/architecture.md §5: a new version only when strictly better
+    than the newest version carrying ``elastune.metric``; untagged versions are skipped."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "registry")
+    model = torch.nn.Linear(1, 1)
+    for metric in (0.9, 0.5):
+        run_id = tracker.start_trial("job", "parent", 0, {})
+        tracker.register(run_id, model, "net", {"elastune.metric": metric})
+    tracker.register(tracker.start_trial("job", "parent", 1, {}), model, "net", {})
+    assert tracker.registered("net") == ("2", 0.5)
