@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from planners.cost import Catalog, PlanReport
 
 BAD_INPUT, FAILED = 2, 1
+ERROR_LINES = 12  # of a failed trial's error shown when every trial failed
 
 
 class UsageError(SpecError):
@@ -87,7 +88,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tasks.trainable import load_trainable
 
     load_trainable(spec.trainable)  # import errors are bad input: fail before creating anything
-    from flows.job import new_job_id
+    from flows.job import check_stores, new_job_id
+
+    check_stores(spec)  # before Prefect starts (seconds): a typo answers at once
     from flows.tune import tune_spec
 
     job_id = new_job_id(spec.name)
@@ -111,14 +114,26 @@ def _finish(job_id: str, run: Callable[[], dict[str, Any]], as_json: bool) -> in
         print(f"job {job_id} failed: {exc}", file=sys.stderr)
         return FAILED
     _emit(summary, as_json, _print_run)
+    if summary.get("error"):  # every trial failed
+        tail = "\n".join(summary["error"].splitlines()[-ERROR_LINES:])
+        print(f"job {job_id} failed: every trial failed; the first:\n{tail}", file=sys.stderr)
+        return FAILED
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from flows.tune import resume
-    from tasks.tracking import check_storage
+    from flows.stored import stored_job
 
-    check_storage(args.storage, "--storage")
+    # The study answers before Prefect starts: an unknown job id or a finished job at once.
+    stored = stored_job(args.job_id, args.storage, "--storage")
+    done = stored.already_finished()
+    if done is not None:
+        at = done["finished_at"]
+        print(f"job {args.job_id} finished at {at}: nothing to resume", file=sys.stderr)
+        _emit(done, args.json, _print_run)
+        return 0
+    from flows.tune import resume
+
     print(f"job {args.job_id}", file=sys.stderr, flush=True)
     return _finish(args.job_id, lambda: resume(args.job_id, args.storage), args.json)
 
@@ -162,18 +177,42 @@ def _run_mode(spec: JobSpec, catalog: Catalog | None, report: PlanReport | None)
 
 def _print_plan(report: Any) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    columns, rows = report.to_table()
-    table = Table(title=f"{report.planner} plan")
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
     console = Console()
-    console.print(table)
+    columns, rows = report.to_table()
+    title = f"{report.planner} plan"
+    table = _table(title, columns, rows, compact=False)
+    wide = console.options.update_width(10_000)  # what the table needs, whatever the screen
+    # Every value whole: a screen narrower than the compact table gets it wider than itself.
+    width = console.width
+    if console.measure(table, options=wide).maximum > width:
+        table = _table(title, columns, rows, compact=True)
+        width = max(width, console.measure(table, options=wide).minimum)
+    console.print(table, width=width, crop=False)
     for line in report.summary_lines():
         console.print(line, highlight=False)
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]], compact: bool) -> Any:
+    """A rich table; ``compact``: no borders, each column as wide as its longest value (at
+    least 4), its header broken to fit."""
+    import textwrap
+
+    from rich import box
+    from rich.table import Table
+
+    if not compact:
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column)
+    else:
+        table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0))
+        for i, column in enumerate(columns):
+            width = max(4, *(len(row[i]) for row in rows))
+            table.add_column("\n".join(textwrap.wrap(column, width)), min_width=width)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 # --- profile ----------------------------------------------------------------------------

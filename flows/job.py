@@ -11,29 +11,21 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from datetime import UTC, datetime
+from typing import Any
 
 import optuna
 
 from flows.compiled import CompiledJob
 from flows.runs import TrialRuns
+from flows.stored import FINISHED_ATTR, RUN_ATTR, SPEC_ATTR, StoredJob
 from planners.execution import ExecutionPlan
 from planners.search import StudyJournal, TuningLoop
 from planners.search.schedulers.base import Action, Decision, Segment
-from planners.spec import JobSpec, SpecError, make_sampler, parse_job
-from tasks.tracking import (
-    Tracker,
-    check_storage,
-    check_tracking_uri,
-    first_use,
-    local_uri,
-    sqlite_path,
-)
+from planners.spec import JobSpec, SpecError, make_sampler
+from tasks.stores import check_storage, first_use, local_uri
+from tasks.tracking import Tracker, check_tracking_uri
 from tasks.train import JobRef, SegmentReport
-
-# Where a job keeps what resume needs: the spec and parent run on the study, each trial's
-# MLflow run on its Optuna trial.
-SPEC_ATTR, RUN_ATTR = "elastune.spec", "mlflow_run_id"
 
 
 class MetricNotReported(SpecError):
@@ -91,8 +83,7 @@ class Job:
     def create(cls, compiled: CompiledJob, job_id: str, warm_start: list[dict[str, Any]]) -> Job:
         """A new job: its study, its parent run, and ``warm_start`` configs tried first."""
         spec = compiled.spec
-        check_tracking_uri(spec.tracking.mlflow_uri, "tracking.mlflow_uri")
-        check_storage(spec.tracking.optuna_storage, "tracking.optuna_storage")
+        check_stores(spec)
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
         storage = local_uri(spec.tracking.optuna_storage)
         with first_use(storage):
@@ -123,8 +114,12 @@ class Job:
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
         runs = TrialRuns.take_up(tracker, study.study_name, stored.parent, named)
         job = cls(compiled, study.study_name, study, runs)
+        last: dict[int, Decision] = {}  # each trial's latest decision: what its run shows
         for result, note, decisions in job.loop.replay(*job.journal.fold()):
-            job._account(result.trial, note or {}, decisions)
+            job.tally.count(result.trial, note or {}, spec.metric)
+            last.update((decision.trial, decision) for decision in decisions)
+        for decision in last.values():
+            job.runs.settle(decision, job.tally.errors.get(decision.trial))
         return job
 
     # --- one segment ---------------------------------------------------------------------
@@ -177,6 +172,11 @@ class Job:
         best = self.loop.best()
         return None if best is None else best.metric
 
+    def mark_finished(self, summary: dict[str, Any]) -> None:
+        """Store the summary on the study: resuming a finished job only reports it."""
+        at = datetime.now(UTC).isoformat(timespec="seconds")
+        self.journal.study.set_user_attr(FINISHED_ATTR, {"at": at, "summary": summary})
+
     def abort(self, bad_input: bool) -> None:
         """A failed job keeps what it finished; bad input leaves nothing behind."""
         self.runs.abort(purge=bad_input)
@@ -184,27 +184,8 @@ class Job:
             optuna.delete_study(study_name=self.job_id, storage=self.storage)
 
 
-class StoredJob(NamedTuple):
-    """What a job's study holds: the study, the spec and the parent run's id."""
-
-    study: optuna.Study
-    spec: JobSpec
-    parent: str
-
-
-def stored_job(job_id: str, storage: str) -> StoredJob:
-    """Job ``job_id`` as its study in ``storage`` holds it; a job that is not there is bad
-    input naming the job id."""
-    check_storage(storage, "storage")
-    url = local_uri(storage)
-    database = sqlite_path(url)
-    if database is not None and not database.exists():  # load_study would create it
-        raise SpecError(f"job id: no job {job_id!r} in {storage} (no such database)")
-    try:
-        study = optuna.load_study(study_name=job_id, storage=url)
-    except KeyError:
-        raise SpecError(f"job id: no job {job_id!r} in {storage}") from None
-    attrs = study.user_attrs  # one read of the storage
-    if SPEC_ATTR not in attrs:
-        raise SpecError(f"job id: study {job_id!r} was not made by elastune")
-    return StoredJob(study, parse_job(attrs[SPEC_ATTR], f"job {job_id}"), attrs[RUN_ATTR])
+def check_stores(spec: JobSpec) -> None:
+    """Bad input unless the job's MLflow and Optuna stores can be opened; cheap, so
+    ``elastune run`` checks before Prefect starts too."""
+    check_tracking_uri(spec.tracking.mlflow_uri, "tracking.mlflow_uri")
+    check_storage(spec.tracking.optuna_storage, "tracking.optuna_storage")

@@ -1,5 +1,6 @@
 """What a job leaves: its leaderboard, its best trial marked in MLflow, the best model
-registered when it beats the registered one, and the summary ``elastune run`` prints.
+registered when it beats the newest registered version, and the summary ``elastune run``
+prints (with an ``error`` when every trial failed), also stored on the study.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def finish(job: Job) -> dict[str, Any]:
         model = register_best(job, best)
         tracker.set_tags(parent, {"elastune.registered": model["version"]})
     tracker.end_run(parent)
-    return {
+    summary = {
         "job_id": job.job_id,
         "best": None
         if best is None
@@ -69,6 +70,11 @@ def finish(job: Job) -> dict[str, Any]:
         "model": model,
         "mode": job.execution.mode.to_dict(),
     }
+    if best is None and job.tally.errors:  # every trial failed: say why the first one did
+        trial, error = next(iter(job.tally.errors.items()))
+        summary["error"] = f"trial {trial}: {error}"
+    job.mark_finished(summary)
+    return summary
 
 
 def register_best(job: Job, best: Best) -> dict[str, Any]:
@@ -91,6 +97,7 @@ def register_best(job: Job, best: Best) -> dict[str, Any]:
         max_resource=job.ref.max_resource,
         run_id=run_id,
         tracker=tracker,
+        seed=job.ref.trial_seed(best.trial),
     )
     job.compiled.trainable(dict(best.config), ctx)
     model = ctx.objects.get("model")

@@ -14,6 +14,9 @@ from planners.spec import JobSpec
 from tasks.tracking import Tracker, flatten
 from tasks.train import report_name
 
+# The status a trial's run ends with when the scheduler ends the trial.
+ENDS = {Action.STOP: "FINISHED", Action.COMPLETE: "FINISHED", Action.FAIL: "FAILED"}
+
 
 class TrialRuns:
     """The parent run of a job and its trial runs, by trial id.
@@ -86,10 +89,16 @@ class TrialRuns:
         if decision.action is Action.FAIL:
             tags["elastune.error"] = (error or "")[:5000]
         self.tracker.set_tags(run_id, tags)
-        if decision.action in (Action.STOP, Action.COMPLETE):
-            self.tracker.end_run(run_id)
-        elif decision.action is Action.FAIL:
-            self.tracker.end_run(run_id, "FAILED")
+        if decision.action in ENDS:
+            self.tracker.end_run(run_id, ENDS[decision.action])
+
+    def settle(self, decision: Decision, error: str | None) -> None:
+        """Track a decision replayed on resume, unless its run already ended as it says:
+        a finished run keeps its end time and tags."""
+        ended = ENDS.get(decision.action)
+        if ended is not None and self.tracker.status(self.runs[decision.trial]) == ended:
+            return
+        self.track(decision, error)
 
     def abort(self, purge: bool) -> None:
         """End every run as failed, or (``purge``: bad input) delete them all."""

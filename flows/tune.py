@@ -22,8 +22,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.compiled import compile_job
 from flows.drive import drive
-from flows.job import Job, new_job_id, stored_job
+from flows.job import Job, new_job_id
 from flows.pools import PoolTarget, open_pool
+from flows.stored import stored_job
 from infra.sizing import InfraError
 from planners.spec import JobSpec, SpecError, load_job
 
@@ -66,9 +67,13 @@ def run_job(
 
 @flow(name="resume", task_runner=ThreadPoolTaskRunner(max_workers=64))
 def resume(job_id: str, storage: str = "sqlite:///.elastune/optuna.db") -> dict[str, Any]:
-    """Continue a job whose driver died, losing nothing finished."""
+    """Continue a job whose driver died, losing nothing finished; a job that finished is
+    left as it is and its stored summary returned, marked ``already_finished``."""
     with bad_input_fails_the_run() as outcome:
         stored = stored_job(job_id, storage)
+        outcome.value = stored.already_finished()
+        if outcome.value is not None:
+            return outcome.value
         compiled = compile_job(stored.spec)
         pool = work_pool(stored.spec)
         outcome.value = drive(Job.resume(compiled, stored), pool)

@@ -59,7 +59,7 @@ from tasks.distributed import GlobalBatches, unwrap, wrap
 from tasks.tracking import Tracker
 
 
-def _mix(*keys: int) -> int:
+def mix(*keys: int) -> int:
     """A 63-bit seed from ``keys``, the same in every process (unlike ``hash`` of a str)."""
     return int(np.random.SeedSequence(list(keys)).generate_state(1, np.uint64)[0] >> 1)
 
@@ -82,7 +82,8 @@ class TrialContext:
         gpus: GPUs granted to this segment (``< 1`` means a shared GPU).
         rank: This process's rank in a data-parallel segment.
         world_size: Processes in a data-parallel segment.
-        seed: The trial's seed (the job's seed and the trial id); default: the trial id.
+        seed: The trial's seed (:meth:`tasks.train.JobRef.trial_seed`: the job's
+            ``sampler.seed`` mixed with the trial id); default: the trial id.
     """
 
     def __init__(
@@ -168,14 +169,14 @@ class TrialContext:
     def generator(self, salt: int = 0) -> torch.Generator:
         """A CPU generator of this trial's own, the same for the same ``salt`` (e.g. the
         epoch) in every segment, process and run."""
-        return torch.Generator().manual_seed(_mix(self.seed, salt))
+        return torch.Generator().manual_seed(mix(self.seed, salt))
 
     @contextlib.contextmanager
     def seeded(self, salt: int = 0) -> Iterator[None]:
         """Torch's global generators set to this trial's seed for the block, and restored
         after it; other segments of the process wait meanwhile."""
         with _GLOBAL_RNG, torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_mix(self.seed, salt, 1))
+            torch.manual_seed(mix(self.seed, salt, 1))
             yield
 
     # --- data-parallel segments ----------------------------------------------------------

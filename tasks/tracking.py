@@ -12,52 +12,21 @@ import io
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy
-from filelock import FileLock
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.utils.uri import extract_db_type_from_uri
 
 from planners.spec import SpecError
+from tasks.stores import check_folder, first_use, local_uri, sqlite_path
 
 CHECKPOINTS = "checkpoints"
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI; None for other stores."""
-    prefix = "sqlite:///"
-    return Path(uri.removeprefix(prefix)) if uri.startswith(prefix) else None
-
-
-def local_uri(uri: str) -> str:
-    """Make a relative ``sqlite:///path`` absolute (and its folder exist), so that every
-    worker process resolves the same file whatever its working directory."""
-    path = sqlite_path(uri)
-    if path is None or path.is_absolute():
-        return uri
-    path = path.resolve()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
-
-
-def check_storage(uri: str, field: str) -> None:
-    """Bad input unless ``uri`` is a database URL Optuna can open: found before the job
-    creates anything, so that a typo never leaves half a job in the other store."""
-    try:
-        url = sqlalchemy.engine.make_url(uri)
-        url.get_dialect()
-    except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError):
-        raise SpecError(
-            f"{field}: {uri!r} is not a database URL (e.g. sqlite:///.elastune/optuna.db)"
-        ) from None
-    _check_folder(uri, field)
 
 
 def check_tracking_uri(uri: str, field: str) -> None:
@@ -72,28 +41,7 @@ def check_tracking_uri(uri: str, field: str) -> None:
             f"{field}: {uri!r} is neither a tracking server (http://...) nor a database URI "
             "(e.g. sqlite:///.elastune/mlflow.db)"
         ) from None
-    _check_folder(uri, field)
-
-
-def _check_folder(uri: str, field: str) -> None:
-    # A relative SQLite path gets its folder made (local_uri); an absolute one in a folder
-    # that does not exist is a typo.
-    path = sqlite_path(uri)
-    if path is not None and path.is_absolute() and not path.parent.is_dir():
-        raise SpecError(f"{field}: folder {path.parent} does not exist")
-
-
-@contextlib.contextmanager
-def first_use(uri: str) -> Iterator[None]:
-    """Hold a lock beside a SQLite database while connecting to it: MLflow and Optuna
-    create (and migrate) the schema on their first connection, and two jobs doing that at
-    once on a new file fail ('table ... already exists')."""
-    path = sqlite_path(uri)
-    if path is None:
-        yield
-        return
-    with FileLock(f"{path}.lock"):
-        yield
+    check_folder(uri, field)
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -119,6 +67,11 @@ class Tracker:
 
     def __init__(self, uri: str, experiment: str):
         self.uri = local_uri(uri)
+        database = sqlite_path(self.uri)
+        # The database and artifacts folder this tracker makes: removed again if the job
+        # turns out to be bad input.
+        made = [] if database is None else [database, database.parent / "artifacts"]
+        self._made = [path for path in made if not path.exists()]
         with first_use(self.uri):  # the client builds (and caches) its store right away
             self.client = MlflowClient(self.uri)
         self.experiment = experiment
@@ -199,6 +152,10 @@ class Tracker:
         self.client.set_terminated(
             run_id, status=RunStatus.to_string(RunStatus.from_string(status))
         )
+
+    def status(self, run_id: str) -> str:
+        """The run's status: ``RUNNING``, ``FINISHED``, ``FAILED``, ..."""
+        return self.client.get_run(run_id).info.status
 
     def metric_history(self, run_id: str, metric: str) -> list[tuple[int, float]]:
         return [(m.step, m.value) for m in self.client.get_metric_history(run_id, metric)]
@@ -325,3 +282,19 @@ class Tracker:
             args += ["--experiment-ids", self.experiment_id]
         with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
             gc.main(args, standalone_mode=False)
+        self._remove_if_empty()
+
+    def _remove_if_empty(self) -> None:
+        """Remove the database (and artifacts folder) this tracker made when it holds
+        nothing but MLflow's own empty ``Default`` experiment: bad input leaves no store."""
+        if not self._made or self._made[0] != sqlite_path(self.uri):
+            return
+        with first_use(self.uri):  # another job may be opening the same new store
+            experiments = self.client.search_experiments(view_type=ViewType.ALL)
+            if [e.name for e in experiments] != ["Default"] or self.client.search_runs(
+                [experiments[0].experiment_id], run_view_type=ViewType.ALL, max_results=1
+            ):
+                return
+            self._made[0].unlink()
+            for folder in self._made[1:]:
+                shutil.rmtree(folder, ignore_errors=True)

@@ -40,7 +40,7 @@ from prefect.logging import get_run_logger
 from planners.search.schedulers.base import Result, Segment
 from planners.spec import JobSpec, SpecError
 from planners.staging.widths import FALLBACK_HINT, profile_widths, width_problem
-from tasks.context import TrialContext
+from tasks.context import TrialContext, mix
 from tasks.distributed import DistContext, DistributedError, run_distributed
 from tasks.tracking import Tracker
 from tasks.trainable import Trainable, TrainableError, load_trainable, supports_distributed
@@ -62,6 +62,13 @@ class JobRef:
     widths: tuple[float, ...] | None = None
     max_gpus: int | None = None
     elastic_fallback: bool = False
+    seed: int | None = None  # sampler.seed: trials of jobs seeded alike start alike
+
+    def trial_seed(self, trial: int) -> int:
+        """``ctx.seed`` of a trial: the job's seed mixed with the trial id (the trial id
+        alone when the job has no seed); 31 bits, so that any seeding API takes it, and
+        arithmetic on it (``GlobalBatches``) stays within 64 bits."""
+        return trial if self.seed is None else mix(self.seed, trial) % 2**31
 
     @classmethod
     def of(cls, spec: JobSpec, job_id: str, mlflow_uri: str) -> JobRef:
@@ -76,6 +83,7 @@ class JobRef:
             widths=profile_widths(spec),
             max_gpus=spec.compute.max_gpus,
             elastic_fallback=spec.compute.elastic_fallback,
+            seed=spec.sampler.seed,
         )
 
     def loss(self, value: float) -> float:
@@ -261,6 +269,7 @@ def _train(
         max_resource=job.max_resource,
         run_id=run_id,
         tracker=Tracker(job.mlflow_uri, job.experiment),
+        seed=job.trial_seed(segment.trial),
         **placement,
     )
     if placement.get("world_size", 1) > 1:

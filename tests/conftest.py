@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,42 @@ def stores(tmp_path: Path) -> list[str]:
         "--set",
         f"tracking.optuna_storage=sqlite:///{tmp_path}/optuna.db",
     ]
+
+
+def store_listing(folder: Path) -> set[str]:
+    """MLflow experiments (active and deleted) and Optuna studies in the SQLite stores
+    under ``folder``; a store that does not exist lists nothing (and is not created)."""
+    import optuna
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    listing: set[str] = set()
+    for database in sorted(folder.rglob("*.db")):
+        uri = f"sqlite:///{database}"
+        if database.name.startswith("mlflow"):
+            found = MlflowClient(uri).search_experiments(view_type=ViewType.ALL)
+            listing |= {f"{database}: experiment {e.name} ({e.lifecycle_stage})" for e in found}
+        else:
+            listing |= {f"{database}: study {name}" for name in optuna.get_all_study_names(uri)}
+    return listing
+
+
+class StoreListing:
+    """What the stores under a test's folder held when :meth:`take` was last called."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.take()
+
+    def take(self) -> None:
+        self.before = store_listing(self.folder)
+
+
+@pytest.fixture
+def unchanged_stores(tmp_path: Path) -> Iterator[StoreListing]:
+    """Asserts the test leaves nothing new in MLflow or Optuna under ``tmp_path``; a test
+    that fills a store itself first calls ``take()`` after doing so."""
+    listing = StoreListing(tmp_path)
+    yield listing
+    new = store_listing(tmp_path) - listing.before
+    assert not new, f"left behind: {sorted(new)}"

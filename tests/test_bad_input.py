@@ -9,6 +9,9 @@ import yaml
 
 from flows.cli import main
 
+# Every case leaves nothing new in MLflow or Optuna (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("unchanged_stores")
+
 GOOD = {
     "name": "bad-input",
     "trainable": "tests.trainables:quadratic",
@@ -120,3 +123,14 @@ def test_unknown_command_and_option(capsys) -> None:
     assert "invalid choice" in capsys.readouterr().err
     assert main(["run", "x.yaml", "--colour"]) == 2
     assert "--colour" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_metric_never_reported_leaves_no_store(tmp_path, stores, capsys) -> None:
+    """Found only once a segment has run: the job's runs, study and the stores it made go."""
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**GOOD, "trainable": "tests.trainables:wrong_metric"}))
+    code = main(["run", str(path), *stores])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: metric:"), err
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "artifacts").exists()

@@ -149,3 +149,17 @@ def device_counter(config: dict, ctx: TrialContext) -> None:
     if "ELASTUNE_TEST_DEVICES" in os.environ and ctx.stop > start:  # not a model export
         with open(os.environ["ELASTUNE_TEST_DEVICES"], "a") as out:
             out.write(f"{ctx.trial} {state.bias.device} {began} {time.time()}\n")
+
+
+def missing_key(config: dict, ctx: TrialContext) -> None:
+    """Every trial fails: a KeyError, as from a config key the space does not have."""
+    ctx.restore()
+    config["learning_rate"]
+
+
+def seeded_init(config: dict, ctx: TrialContext) -> None:
+    """Reports the weight its model was initialised with under ``ctx.seeded()``."""
+    with ctx.seeded():
+        weight = torch.nn.Linear(1, 1).weight.item()
+    for _ in ctx.range(ctx.restore()):
+        ctx.report(val_accuracy=weight)

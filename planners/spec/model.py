@@ -321,6 +321,9 @@ class EcsSpec(_Strict):
     region: str | None = None
 
 
+POOL_NAME_BANNED = "/%&><"  # characters Prefect refuses in a work pool's name
+
+
 class ComputeSpec(_Strict):
     pool: str = "local"
     workers: int = Field(default=2, ge=1)
@@ -337,6 +340,16 @@ class ComputeSpec(_Strict):
     # Whether a staged job's stages are packed onto their GPUs by width (Fluid): auto packs
     # where the profile says it pays; on insists (bad input where it cannot); off never.
     packing: Literal["auto", "on", "off"] = "auto"
+
+    @field_validator("pool")
+    @classmethod
+    def _pool(cls, pool: str) -> str:
+        # Prefect's own rule for work pool names: checked here, before any server is asked.
+        if not pool.strip() or set(pool) & set(POOL_NAME_BANNED):
+            raise ValueError(
+                f"{pool!r} is not a work pool name (not blank, none of {POOL_NAME_BANNED})"
+            )
+        return pool
 
     @field_validator("packing", mode="before")
     @classmethod

@@ -1,0 +1,54 @@
+"""What a job's Optuna study holds for ``resume``: the validated job, its parent MLflow
+run and, once it finished, its summary. Without MLflow, Prefect or torch, so the command
+line answers an unknown or finished job id in a moment.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import optuna
+
+from planners.spec import JobSpec, SpecError, parse_job
+from tasks.stores import check_storage, local_uri, sqlite_path
+
+# Where a job keeps what resume needs: the spec and parent run on the study, each trial's
+# MLflow run on its Optuna trial; and, once it finished, when and its summary.
+SPEC_ATTR, RUN_ATTR, FINISHED_ATTR = "elastune.spec", "mlflow_run_id", "elastune.finished"
+
+
+class StoredJob(NamedTuple):
+    """What a job's study holds: the study, the spec, the parent run's id, and for a job
+    that finished, ``{"at": ISO time, "summary": its summary}``."""
+
+    study: optuna.Study
+    spec: JobSpec
+    parent: str
+    finished: dict[str, Any] | None = None
+
+    def already_finished(self) -> dict[str, Any] | None:
+        """The summary of a finished job, marked ``already_finished`` and with its
+        ``finished_at`` time; None if it has not finished."""
+        if self.finished is None:
+            return None
+        at = self.finished["at"]
+        return {**self.finished["summary"], "already_finished": True, "finished_at": at}
+
+
+def stored_job(job_id: str, storage: str, field: str = "storage") -> StoredJob:
+    """Job ``job_id`` as its study in ``storage`` holds it; a job that is not there is bad
+    input naming the job id, a malformed ``storage`` bad input naming ``field``."""
+    check_storage(storage, field)
+    url = local_uri(storage)
+    database = sqlite_path(url)
+    if database is not None and not database.exists():  # load_study would create it
+        raise SpecError(f"job id: no job {job_id!r} in {storage} (no such database)")
+    try:
+        study = optuna.load_study(study_name=job_id, storage=url)
+    except KeyError:
+        raise SpecError(f"job id: no job {job_id!r} in {storage}") from None
+    attrs = study.user_attrs  # one read of the storage
+    if SPEC_ATTR not in attrs:
+        raise SpecError(f"job id: study {job_id!r} was not made by elastune")
+    spec = parse_job(attrs[SPEC_ATTR], f"job {job_id}")
+    return StoredJob(study, spec, attrs[RUN_ATTR], attrs.get(FINISHED_ATTR))
