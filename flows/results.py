@@ -12,13 +12,15 @@ import torch
 from prefect import get_run_logger
 
 from flows.job import Job
+from flows.story import readable
 from planners.search import Best
 from planners.search.schedulers.base import Action, rank_key
 from tasks.context import TrialContext
 
 
 def leaderboard(job: Job) -> list[dict[str, Any]]:
-    """Trials ranked by resource reached, then by loss at it."""
+    """Trials ranked by resource reached, then by loss at it; metric and configuration
+    values to 4 significant digits."""
     loop, metric = job.loop, job.spec.metric
 
     def reached(trial: int) -> tuple[float, float]:
@@ -28,16 +30,15 @@ def leaderboard(job: Job) -> list[dict[str, Any]]:
     rows = []
     for trial in ordered:
         resource, loss = reached(trial)
-        rows.append(
-            {
-                "trial": trial,
-                "status": loop.states.get(trial, Action.PAUSE).value,
-                "rung": job.tally.rungs.get(trial, 0),
-                "resource": resource,
-                metric: job.spec.loss(loss) if math.isfinite(loss) else None,
-                **loop.configs[trial],
-            }
-        )
+        row = {
+            "trial": trial,
+            "status": loop.states.get(trial, Action.PAUSE).value,
+            "rung": job.tally.rungs.get(trial, 0),
+            "resource": resource,
+            metric: job.spec.loss(loss) if math.isfinite(loss) else None,
+            **loop.configs[trial],
+        }
+        rows.append(readable(row))
     return rows
 
 
