@@ -1,6 +1,6 @@
 """A job's story in the Prefect UI: one line per event on the flow run's logger, so that it
-reaches the run's Logs tab (docs/prefect-server.md §8), and the rounding of the numbers a
-person reads there and in the artifacts.
+reaches the run's Logs tab (docs/prefect-server.md, "Where to look"), and the rounding of
+the numbers a person reads there and in the artifacts.
 
 The events: the job id and mode at start, each stage's start and end, every scheduler
 decision with what it was based on, the best so far when it changes, each pool sizing
