@@ -59,7 +59,7 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
             JobProgress(spec.metric, total) as progress,
         ):
             run_segments(job, launcher, sizer, pending, progress, story)
-        summary = finish(job)
+        summary = finish(job, story)
         story.end(summary)
         return summary
     except BaseException as exc:

@@ -12,7 +12,7 @@ import torch
 from prefect import get_run_logger
 
 from flows.job import Job
-from flows.story import readable
+from flows.story import Story, readable
 from planners.search import Best
 from planners.search.schedulers.base import Action, rank_key
 from tasks.context import TrialContext
@@ -42,11 +42,13 @@ def leaderboard(job: Job) -> list[dict[str, Any]]:
     return rows
 
 
-def finish(job: Job) -> dict[str, Any]:
-    """End the job: the last decisions tracked, the best trial marked and its model
-    registered, the parent run ended. Returns the job's summary."""
-    for decision in job.loop.finish():
+def finish(job: Job, story: Story) -> dict[str, Any]:
+    """End the job: the last decisions tracked and told, the best trial marked and its
+    model registered, the parent run ended. Returns the job's summary."""
+    last = job.loop.finish()
+    for decision in last:
         job.runs.track(decision, job.tally.errors.get(decision.trial))
+    story.decided(last, ended=True)
     best = job.loop.best()
     tracker, parent = job.runs.tracker, job.runs.parent
     model = None

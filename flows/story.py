@@ -30,6 +30,13 @@ from infra.sizing import SizingRecord
 from planners.search.schedulers.base import Action, Decision, Segment
 
 DIGITS = 4  # significant digits of a metric or a configuration value
+PAST = {
+    Action.PROMOTE: "promoted",
+    Action.PAUSE: "paused",
+    Action.STOP: "stopped",
+    Action.COMPLETE: "completed",
+    Action.FAIL: "failed",
+}
 
 
 def significant(value: float, digits: int = DIGITS) -> float:
@@ -91,11 +98,11 @@ class Story:
                     stage.name, _trials(stage.trials), stage.start, stage.stop,
                 )  # fmt: skip
 
-    def decided(self, decisions: Sequence[Decision]) -> None:
-        """One line per decision, with the metric it rests on or the failure's reason;
-        then the best so far, if it changed."""
+    def decided(self, decisions: Sequence[Decision], ended: bool = False) -> None:
+        """One line per decision, with the metric it rests on or the failure's reason
+        (``ended``: the job's end settled them); then the best so far, if it changed."""
         for decision in decisions:
-            self.log.info("%s", self._decision(decision))
+            self.log.info("%s", self._decision(decision, ended))
         best = self.job.loop.best()
         if best is not None and (best.trial, best.metric) != self._best:
             self._best = (best.trial, best.metric)
@@ -105,13 +112,17 @@ class Story:
                 _config(best.config),
             )  # fmt: skip
 
-    def _decision(self, decision: Decision) -> str:
-        trial, rung = decision.trial, decision.rung
+    def _decision(self, decision: Decision, ended: bool) -> str:
+        trial = decision.trial
+        # A trial the job's end stopped with no rung (-1) is at the rung it last ran.
+        rung = decision.rung if decision.rung >= 0 else self.job.tally.rungs.get(trial, 0)
         if decision.action is Action.FAIL:
             error = self.job.tally.errors.get(trial) or "no reason given"
             return f"trial {trial} failed at rung {rung}: {error.splitlines()[0]}"
         resource, loss = self.job.loop.reached.get(trial, (0, math.nan))
         basis = f"{self.job.spec.metric} {significant(self.job.spec.loss(loss))} at {resource:g}"
+        if ended:
+            return f"trial {trial} {PAST[decision.action]} at rung {rung}: {basis}, the job ended"
         because = {
             Action.PROMOTE: f"promoted from rung {rung}: {basis}, among the best of its rung",
             Action.PAUSE: f"paused at rung {rung}: {basis}, waiting for the rest of the rung",

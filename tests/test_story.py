@@ -41,11 +41,11 @@ def run_logs(flow_run_id) -> list[str]:
     return [log.message for log in logs]
 
 
-def test_the_cli_job_run_is_named_after_the_job_and_logs_its_story(
-    tmp_path, stores, prefect_api
-) -> None:
+def run_cli(tmp_path: Path, stores: list[str], api: str, job: dict) -> tuple[dict, str, list[str]]:
+    """Run ``job`` with the CLI against the server ``api``: its summary, its stderr, and
+    its flow run's log lines after checking the run is named after the job."""
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(JOB))
+    path.write_text(yaml.safe_dump(job))
     # A process of its own: the CLI's logging defaults are set before Prefect is imported.
     done = subprocess.run(
         [sys.executable, "-m", "flows.cli", "run", str(path), "--json", *stores],
@@ -53,15 +53,20 @@ def test_the_cli_job_run_is_named_after_the_job_and_logs_its_story(
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": prefect_api},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": api},
     )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    job_id = summary["job_id"]
-
-    (run,) = flow_runs_named(job_id)
+    (run,) = flow_runs_named(summary["job_id"])
     assert run.state.is_completed()
-    lines = run_logs(run.id)
+    return summary, done.stderr, run_logs(run.id)
+
+
+def test_the_cli_job_run_is_named_after_the_job_and_logs_its_story(
+    tmp_path, stores, prefect_api
+) -> None:
+    summary, stderr, lines = run_cli(tmp_path, stores, prefect_api, JOB)
+    job_id = summary["job_id"]
     story = "\n".join(lines)
     assert any(
         line.startswith(f"job {job_id}: sha on local, metric val_accuracy (max); mode:")
@@ -78,7 +83,7 @@ def test_the_cli_job_run_is_named_after_the_job_and_logs_its_story(
     assert any(line.startswith(f"job {job_id} done: 9 trials, 13 segments") for line in lines)
     assert len(lines) <= 6 * summary["segments"] + 20  # one line per event, no flood
     # The terminal keeps its own output: the story is in the UI only.
-    assert "best so far" not in done.stderr and "promoted" not in done.stderr
+    assert "best so far" not in stderr and "promoted" not in stderr
 
     from prefect.artifacts import Artifact
 
@@ -86,6 +91,16 @@ def test_the_cli_job_run_is_named_after_the_job_and_logs_its_story(
     for row in board:
         for value in (row["x"], row["val_accuracy"]):
             assert value is None or len(f"{abs(value):e}".split("e")[0].rstrip("0")) <= 5
+
+
+def test_the_trials_the_jobs_end_stops_are_told(tmp_path, stores, prefect_api) -> None:
+    scheduler = {"name": "asha", "eta": 3, "min_resource": 1, "max_resource": 9, "max_trials": 6}
+    _, _, lines = run_cli(tmp_path, stores, prefect_api, {**JOB, "scheduler": scheduler})
+
+    ended = [line for line in lines if line.endswith(", the job ended")]
+    assert ended and all(" stopped at rung " in line for line in ended), "\n".join(lines)
+    assert "rung -1" not in "\n".join(lines)
+    assert any(line.startswith("rung 0 started: resource up to 1") for line in lines)
 
 
 def test_a_deployment_style_run_is_renamed_after_its_job(tmp_path, prefect_api) -> None:
