@@ -38,6 +38,12 @@ def _quiet_defaults() -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
+    # The flow run's logger still tells the job's story to the run's Logs tab (INFO); the
+    # terminal shows only what PREFECT_LOGGING_LEVEL lets through.
+    os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "INFO")
+    os.environ.setdefault(
+        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", os.environ["PREFECT_LOGGING_LEVEL"]
+    )
     # The local server migrates a fresh database first: 20 s is too little on a busy laptop.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # Checkpoint downloads would each draw a progress bar over ours.

@@ -24,7 +24,8 @@ from flows.launch import Launcher
 from flows.pools import PoolSizer, PoolTarget
 from flows.progress import JobProgress
 from flows.results import finish, leaderboard
-from infra.sizing import publish_sizing
+from flows.story import Story
+from infra.sizing import RELEASE_STAGE, publish_sizing
 from planners.search.schedulers.base import Segment
 from planners.spec import SpecError
 from tasks.train import SegmentReport
@@ -46,7 +47,9 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
         markdown=describe(job),
         description=f"plan of {job.job_id}",
     )
+    story = Story(job)
     pending = recover(job)
+    story.begin(len(pending))
     launcher = Launcher(job.ref, spec.compute.segment_timeout, pool, job.compiled.devices)
     sizer = None if pool is None else PoolSizer(pool.backend, execution, spec.scheduler.name)
     try:
@@ -55,14 +58,18 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
             pool.backend if pool is not None else contextlib.nullcontext(),
             JobProgress(spec.metric, total) as progress,
         ):
-            run_segments(job, launcher, sizer, pending, progress)
-        return finish(job)
+            run_segments(job, launcher, sizer, pending, progress, story)
+        summary = finish(job, story)
+        story.end(summary)
+        return summary
     except BaseException as exc:
+        story.failed(exc)
         launcher.wait_all()
         job.abort(bad_input=isinstance(exc, SpecError))
         raise
     finally:
         if pool is not None:
+            story.sized([r for r in pool.backend.records if r.stage == RELEASE_STAGE])
             publish_sizing(pool.backend.records, key=artifact_key(job.job_id, "pool-sizing"))
 
 
@@ -101,22 +108,26 @@ def run_segments(
     sizer: PoolSizer | None,
     pending: list[Segment],
     progress: JobProgress,
+    story: Story,
 ) -> None:
     """Start what the admission policy lets start, record what finishes; until nothing
     runs and the scheduler hands out nothing more."""
     while True:
         starting = admit(job, pending, launcher.running)
         if sizer is not None:
-            sizer.size(starting)
+            story.sized(sizer.size(starting))
+        story.starting(starting)
         for segment in starting:
             start(job, launcher, segment)
         if not launcher.running:
             return
         segment, report = launcher.next_report()
         decisions = job.record(segment, report)
+        story.decided(decisions)
         stage = f"stage b{segment.bracket}-r{segment.rung}"
         progress.update(stage, job.best_metric())
         if job.stage_done(segment, decisions):
+            story.stage_done(segment)
             if sizer is not None:
                 sizer.stage_done(segment)
             create_table_artifact(

@@ -22,7 +22,7 @@ from prefect.states import Cancelling
 from flows.segment import FLOW_NAME, flow_parameters, train_segment_flow
 from infra.backends import make_backend
 from infra.pools import read_pool, wait_for_worker
-from infra.sizing import InfraError, PoolBackend
+from infra.sizing import InfraError, PoolBackend, SizingRecord
 from infra.template import gpu_job_variables
 from planners.execution import ExecutionPlan
 from planners.search.schedulers.base import Segment
@@ -117,7 +117,8 @@ class PoolSizer:
         self._active: set[tuple[int, int]] = set()  # (bracket, rung) of the stages running
         self._sized = ""
 
-    def size(self, starting: list[Segment]) -> None:
+    def size(self, starting: list[Segment]) -> list[SizingRecord]:
+        """Size the pool for the stages active once ``starting`` starts; the actions taken."""
         plan = self.execution.plan
         if plan is None:
             stages, name = [], self.scheduler
@@ -125,14 +126,15 @@ class PoolSizer:
             self._active |= {(s.bracket, s.rung) for s in starting}
             stages = [plan.stage(*key) for key in sorted(self._active)]
             if not stages:  # between stages with nothing to start: keep the pool as it is
-                return
+                return []
             name = "+".join(s.name for s in stages)
         if name == self._sized:  # every change of the active stages is a sizing action
-            return
+            return []
         slots, gpus = self.execution.admission.demand(stages)
-        self.backend.size(name, slots, gpus, stages[-1].instance_type if stages else None)
+        done = self.backend.size(name, slots, gpus, stages[-1].instance_type if stages else None)
         self.backend.wait_ready(timeout=600)
         self._sized = name
+        return done
 
     def stage_done(self, segment: Segment) -> None:
         """The stage of ``segment`` has all its results: it no longer holds the pool."""

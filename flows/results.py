@@ -13,13 +13,15 @@ import torch
 from prefect import get_run_logger
 
 from flows.job import Job
+from flows.story import Story, readable
 from planners.search import Best
 from planners.search.schedulers.base import Action, rank_key
 from tasks.context import TrialContext
 
 
 def leaderboard(job: Job) -> list[dict[str, Any]]:
-    """Trials ranked by resource reached, then by loss at it."""
+    """Trials ranked by resource reached, then by loss at it; metric and configuration
+    values to 4 significant digits."""
     loop, metric = job.loop, job.spec.metric
 
     def reached(trial: int) -> tuple[float, float]:
@@ -29,24 +31,25 @@ def leaderboard(job: Job) -> list[dict[str, Any]]:
     rows = []
     for trial in ordered:
         resource, loss = reached(trial)
-        rows.append(
-            {
-                "trial": trial,
-                "status": loop.states.get(trial, Action.PAUSE).value,
-                "rung": job.tally.rungs.get(trial, 0),
-                "resource": resource,
-                metric: job.spec.loss(loss) if math.isfinite(loss) else None,
-                **loop.configs[trial],
-            }
-        )
+        row = {
+            "trial": trial,
+            "status": loop.states.get(trial, Action.PAUSE).value,
+            "rung": job.tally.rungs.get(trial, 0),
+            "resource": resource,
+            metric: job.spec.loss(loss) if math.isfinite(loss) else None,
+            **loop.configs[trial],
+        }
+        rows.append(readable(row))
     return rows
 
 
-def finish(job: Job) -> dict[str, Any]:
-    """End the job: the last decisions tracked, the best trial marked and its model
-    registered, the parent run ended. Returns the job's summary."""
-    for decision in job.loop.finish():
+def finish(job: Job, story: Story) -> dict[str, Any]:
+    """End the job: the last decisions tracked and told, the best trial marked and its
+    model registered, the parent run ended. Returns the job's summary."""
+    last = job.loop.finish()
+    for decision in last:
         job.runs.track(decision, job.tally.errors.get(decision.trial))
+    story.decided(last, ended=True)
     best = job.loop.best()
     tracker, parent = job.runs.tracker, job.runs.parent
     model = None

@@ -5,6 +5,9 @@ the parsed job (what ``elastune run`` passes, having parsed it once). Both run
 :func:`run_job`: compile the job (its trainable, its execution plan), open its work pool,
 create its study and parent run, and drive it (:mod:`flows.drive`).
 
+Each flow run is named after its job id, which the UI lists it by: from the start when the
+caller made the id (the CLI, ``resume``), else (a deployment's run) once the flow has made it.
+
 Every segment is journaled in the Optuna study when it is handed out, and every result as
 it arrives, so ``resume`` rebuilds a job whose driver died and carries on, re-running no
 finished segment: one that finished after its driver died is recorded from its saved report.
@@ -15,8 +18,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from typing import Any
+from uuid import UUID
 
 from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.runtime import flow_run
 from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -29,7 +35,13 @@ from infra.sizing import InfraError
 from planners.spec import JobSpec, SpecError, load_job
 
 
-@flow(name="tune", task_runner=ThreadPoolTaskRunner(max_workers=64))
+def job_run_name() -> str:
+    """A tune flow run's name: the job id when its caller made it (the CLI does); else the
+    name Prefect gave it, until :func:`name_run` renames it."""
+    return flow_run.parameters.get("job_id") or flow_run.name
+
+
+@flow(name="tune", flow_run_name=job_run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
 def tune(
     job_file: str,
     overrides: list[str] | None = None,
@@ -45,7 +57,7 @@ def tune(
     return outcome.value
 
 
-@flow(name="tune", task_runner=ThreadPoolTaskRunner(max_workers=64))
+@flow(name="tune", flow_run_name=job_run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
 def tune_spec(
     spec: JobSpec, job_id: str | None = None, warm_start: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
@@ -59,13 +71,22 @@ def run_job(
     spec: JobSpec, job_id: str | None = None, warm_start: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """Compile, create and drive a new job; bad input is found before anything is created."""
+    job_id = job_id or new_job_id(spec.name)
+    name_run(job_id)
     compiled = compile_job(spec)
     pool = work_pool(spec)
-    job = Job.create(compiled, job_id or new_job_id(spec.name), warm_start or [])
+    job = Job.create(compiled, job_id, warm_start or [])
     return drive(job, pool)
 
 
-@flow(name="resume", task_runner=ThreadPoolTaskRunner(max_workers=64))
+def name_run(job_id: str) -> None:
+    """Name the flow run this is called in after ``job_id``."""
+    if flow_run.name != job_id:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(UUID(flow_run.id), name=job_id)
+
+
+@flow(name="resume", flow_run_name="{job_id}", task_runner=ThreadPoolTaskRunner(max_workers=64))
 def resume(job_id: str, storage: str = "sqlite:///.elastune/optuna.db") -> dict[str, Any]:
     """Continue a job whose driver died, losing nothing finished; a job that finished is
     left as it is and its stored summary returned, marked ``already_finished``."""

@@ -80,31 +80,41 @@ def running_server(home: Path, port: int | None = None, ui: bool = False) -> Ite
             command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"prefect server exited with {process.returncode}:\n{_tail(log)}"
-                )
-            with (
-                contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError),
-                urllib.request.urlopen(f"{api}/health", timeout=2) as response,
-            ):
-                if response.status == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"prefect server not healthy after {SERVER_START_TIMEOUT} s")
-            time.sleep(0.3)
+        wait_healthy(process, f"{api}/health", SERVER_START_TIMEOUT, log)
         yield api
     finally:
         stop_group(process, signal.SIGTERM)
 
 
+def wait_healthy(process: subprocess.Popen, health: str, timeout: float, log: Path) -> None:
+    """Wait until the server ``process`` answers 200 at ``health``; raise if it exits first
+    (with the tail of its ``log``) or stays unhealthy ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args} exited with {process.returncode}:\n{_tail(log)}")
+        with (
+            contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError),
+            urllib.request.urlopen(health, timeout=2) as response,
+        ):
+            if response.status == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{health} not healthy after {timeout} s")
+        time.sleep(0.3)
+
+
 @contextlib.contextmanager
 def running_worker(
-    api: str, pool: str, home: Path, worker_type: str = "process", query_seconds: int = 1
+    api: str,
+    pool: str,
+    home: Path,
+    worker_type: str = "process",
+    query_seconds: int = 1,
+    **settings: str,
 ) -> Iterator[subprocess.Popen]:
-    """A worker polling ``pool`` every ``query_seconds``; stopped with SIGINT at exit."""
+    """A worker polling ``pool`` every ``query_seconds``, with more Prefect ``settings`` for
+    its flow runs; stopped with SIGINT at exit."""
     home.mkdir(parents=True, exist_ok=True)
     log = home / f"worker-{pool}.log"
     command = [sys.executable, "-m", "prefect", "worker", "start"]
@@ -114,6 +124,7 @@ def running_worker(
         PREFECT_API_URL=api,
         PREFECT_WORKER_QUERY_SECONDS=str(query_seconds),
         PREFECT_WORKER_PREFETCH_SECONDS="0",
+        **settings,
     )
     with log.open("w") as out:
         process = subprocess.Popen(

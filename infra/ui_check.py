@@ -195,7 +195,8 @@ def chromium(url: str, *args: str, chromium_path: Path = CHROMIUM) -> str:
     return out
 
 
-def _shrink(png: Path) -> None:
+def shrink(png: Path) -> None:
+    """Rewrite the screenshot ``png`` smaller."""
     # A 64-colour palette keeps UI text sharp at a third of the size (Pillow comes with
     # matplotlib).
     from PIL import Image
@@ -221,7 +222,7 @@ def check_ui(base_url: str, out: Path, expected: Expected, screenshot_ui: str = 
         pages.append(page)
     if not out.exists():
         raise RuntimeError(f"chromium wrote no screenshot of {base_url + PAGES[screenshot_ui]}")
-    _shrink(out)
+    shrink(out)
     return UiReport(pages, out)
 
 

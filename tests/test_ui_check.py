@@ -1,11 +1,14 @@
 """The Prefect UI served by `prefect server start` shows the three deployments of
-prefect.yaml and the nightly schedule (infra/ui_check.py, read by headless Chromium)."""
+prefect.yaml and the nightly schedule (infra/ui_check.py), and after a job run from the
+`tune` deployment the Prefect and MLflow UIs show its story (infra/ui_job.py); both read by
+headless Chromium."""
 
 from __future__ import annotations
 
 import pytest
 
 from infra.ui_check import CHROMIUM, Expected, cron_text, deploy_and_check, read_page
+from infra.ui_job import check_job_ui
 
 
 def test_cron_text_describes_a_daily_cron_as_the_ui_does() -> None:
@@ -42,3 +45,28 @@ def test_the_ui_shows_the_three_deployments_and_the_nightly_schedule(tmp_path) -
             "schedule 'At 02:00 AM' of 'tune'",
             "schedule 'At 03:00 AM' of 'tune-nightly'",
         ]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason=f"{CHROMIUM} not found: the UI check needs Chromium (apt-get install -y chromium)",
+)
+def test_the_uis_tell_a_finished_jobs_story(tmp_path) -> None:
+    views = check_job_ui(tmp_path)
+
+    assert [v.name for v in views] == [
+        "prefect-logs",
+        "prefect-task-runs",
+        "prefect-artifacts",
+        "mlflow-runs",
+    ]
+    assert [gap for view in views for gap in view.missing] == []
+    logs, tasks, _, mlflow = views
+    job_id = logs.expected[0]
+    assert f"job {job_id} done" in logs.shown and "promoted from rung 0" in logs.shown
+    assert len(tasks.shown) == 6  # 6 segments, each a task run named after its trial
+    assert set(mlflow.shown) == {job_id, *(f"trial-{t}" for t in range(5))}
+    for view in views:
+        png = tmp_path / f"{view.name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 400_000
