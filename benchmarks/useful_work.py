@@ -36,6 +36,7 @@ Writes ``benchmarks/results/useful_work.json`` (``useful_work_quick.json`` with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -277,10 +278,8 @@ def run_cut(command: list[str], budget: float, env: dict[str, str]) -> tuple[flo
     with_children = set(watch.cpu)
     os.killpg(process.pid, signal.SIGKILL)
     for pid in with_children - {process.pid}:  # any that left the group
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     _, stderr = process.communicate()
     if process.returncode not in (0, -signal.SIGKILL):
         print(stderr.decode(errors="replace")[-3000:], file=sys.stderr)
