@@ -49,6 +49,7 @@ import contextlib
 import io
 import math
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,7 +57,12 @@ import numpy as np
 import torch
 
 from tasks.distributed import GlobalBatches, unwrap, wrap
+from tasks.spool import Spool
 from tasks.tracking import Tracker
+
+# Reported metrics reach MLflow in one write per checkpoint (or per segment), and at the
+# latest this many seconds after they were reported, so the UI's curves stay live.
+FLUSH_SECONDS = 10.0
 
 
 def mix(*keys: int) -> int:
@@ -84,6 +90,12 @@ class TrialContext:
         world_size: Processes in a data-parallel segment.
         seed: The trial's seed (:meth:`tasks.train.JobRef.trial_seed`: the job's
             ``sampler.seed`` mixed with the trial id); default: the trial id.
+        spool: Where checkpoints are kept until :meth:`finish` hands the newest to MLflow
+            (segments of the local pool); None: each goes to MLflow at once.
+
+    Metrics are written to MLflow in batches: with the checkpoint that follows them (so a
+    checkpoint in MLflow always has its metrics there too), at :meth:`finish`, and at
+    least every ``FLUSH_SECONDS``.
     """
 
     def __init__(
@@ -100,6 +112,7 @@ class TrialContext:
         rank: int = 0,
         world_size: int = 1,
         seed: int | None = None,
+        spool: Spool | None = None,
     ):
         self.trial = trial
         self.start = start
@@ -117,6 +130,9 @@ class TrialContext:
         self.reports: list[tuple[float, dict[str, float]]] = []
         self.objects: dict[str, Any] = {}
         self._tracker = tracker
+        self._spool = spool
+        self._unwritten: list[tuple[int, dict[str, float]]] = []  # reported, not in MLflow
+        self._written_at = time.monotonic()
 
     def restore(self, **objects: Any) -> float:
         """Load the trial's newest checkpoint into ``objects`` (matched by keyword).
@@ -124,6 +140,8 @@ class TrialContext:
         Returns the resource the checkpoint was taken at, or 0 for a fresh trial.
         """
         self.objects = objects
+        if self._spool is not None:
+            self._hand_over_left()
         loaded = self._tracker.load_checkpoint(
             self.run_id,
             lambda f: torch.load(f, map_location=self.device, weights_only=True),
@@ -150,19 +168,73 @@ class TrialContext:
         values = {k: float(v) for k, v in metrics.items()}
         self.reports.append((step, values))
         if self.rank == 0:
-            self._tracker.log_metrics(self.run_id, values, round(step))
+            self._unwritten.append((round(step), values))
+            if time.monotonic() - self._written_at > FLUSH_SECONDS:
+                self._write_metrics()
 
     def checkpoint(self, **objects: Any) -> None:
         """Save ``objects`` (anything with ``state_dict()``, or plain values) at the
-        current resource, as an MLflow artifact of the trial's run."""
+        current resource: to the trial's MLflow run, or to the spool until :meth:`finish`."""
         if self.rank != 0:
             return
         state = {
             k: unwrap(v).state_dict() if hasattr(v, "state_dict") else v for k, v in objects.items()
         }
         buffer = io.BytesIO()
-        torch.save({"resource": self.resource, "state": state}, buffer)
+        # A spooled checkpoint carries the metrics not yet in MLflow, for a retry to log.
+        unwritten = self._unwritten if self._spool is not None else []
+        torch.save({"resource": self.resource, "state": state, "metrics": unwritten}, buffer)
+        if self._spool is not None:
+            self._spool.write(self.run_id, self.resource, buffer.getvalue())
+            return
+        self._write_metrics()
         self._tracker.save_checkpoint(self.run_id, buffer.getvalue(), self.resource)
+
+    def finish(self) -> None:
+        """End the segment: its unwritten metrics and its newest spooled checkpoint go to
+        MLflow (before its report does, so a finished segment is all in MLflow)."""
+        if self.rank != 0:
+            return
+        self._write_metrics()
+        if self._spool is not None:
+            newest = self._spool.files(self.run_id)[:1]
+            for resource, path in newest:
+                if resource > self._tracker_newest():
+                    self._tracker.upload_checkpoint(self.run_id, path)
+            self._spool.clear(self.run_id)
+
+    def _write_metrics(self) -> None:
+        if self._unwritten:
+            self._tracker.log_history(self.run_id, self._unwritten)
+        self._unwritten = []
+        self._written_at = time.monotonic()
+
+    def _tracker_newest(self) -> float:
+        found = self._tracker.checkpoints(self.run_id)
+        return found[0][0] if found else 0
+
+    def _hand_over_left(self) -> None:
+        """What a killed segment of this trial left in the spool goes to MLflow: the
+        metrics its newest readable checkpoint holds (those MLflow lacks) and the
+        checkpoint itself, if MLflow has none as new."""
+        for resource, path in self._spool.files(self.run_id):
+            with contextlib.suppress(Exception):  # a file it cannot read is skipped
+                metrics = torch.load(path, weights_only=True).get("metrics", [])
+                self._log_missing(metrics)
+                if resource > self._tracker_newest():
+                    self._tracker.upload_checkpoint(self.run_id, path)
+                break
+        self._spool.clear(self.run_id)
+
+    def _log_missing(self, metrics: list[tuple[int, dict[str, float]]]) -> None:
+        keys = {key for _, values in metrics for key in values}
+        history = {key: self._tracker.metric_history(self.run_id, key) for key in keys}
+        logged = {(key, step) for key, points in history.items() for step, _ in points}
+        missing = [
+            (step, {k: v for k, v in values.items() if (k, step) not in logged})
+            for step, values in metrics
+        ]
+        self._tracker.log_history(self.run_id, [(s, m) for s, m in missing if m])
 
     # --- randomness ----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ subprocesses or on remote workers never depend on MLflow's thread-local "active 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -24,6 +25,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.utils.uri import extract_db_type_from_uri
 
 from planners.spec import SpecError
+from tasks.spool import checkpoint_name, checkpoint_resource
 from tasks.stores import check_folder, first_use, local_uri, sqlite_path
 
 CHECKPOINTS = "checkpoints"
@@ -54,6 +56,13 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             out[name] = json.dumps(value) if isinstance(value, list | dict) else str(value)
     return out
+
+
+@functools.cache
+def shared_tracker(uri: str, experiment: str) -> Tracker:
+    """One :class:`Tracker` per store and experiment in this process, for the segments that
+    train in it: each would otherwise build its own client (tens of ms)."""
+    return Tracker(uri, experiment)
 
 
 class Tracker:
@@ -140,10 +149,14 @@ class Tracker:
             self.client.log_batch(run_id, params=items[i : i + 100])
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int) -> None:
+        self.log_history(run_id, [(step, metrics)])
+
+    def log_history(self, run_id: str, reports: list[tuple[int, dict[str, float]]]) -> None:
+        """Log ``(step, metrics)`` pairs in as few transactions as MLflow allows."""
         now = int(time.time() * 1000)
-        self.client.log_batch(
-            run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()]
-        )
+        items = [Metric(k, float(v), now, step) for step, m in reports for k, v in m.items()]
+        for i in range(0, len(items), 1000):  # MLflow caps a batch at 1000 metrics
+            self.client.log_batch(run_id, metrics=items[i : i + 1000])
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
@@ -169,17 +182,21 @@ class Tracker:
         previous level intact, and :meth:`load_checkpoint` skips a file it cannot read.
         """
         with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / f"resource-{resource:g}.pt"
+            path = Path(tmp) / checkpoint_name(resource)
             path.write_bytes(payload)
-            self.client.log_artifact(run_id, str(path), CHECKPOINTS)
+            self.upload_checkpoint(run_id, path)
+
+    def upload_checkpoint(self, run_id: str, path: Path) -> None:
+        """Store the checkpoint file ``path`` (named by :func:`checkpoint_name`)."""
+        self.client.log_artifact(run_id, str(path), CHECKPOINTS)
 
     def checkpoints(self, run_id: str) -> list[tuple[float, str]]:
         """(resource, artifact path) of every checkpoint, highest resource first."""
         found = []
         for item in self.client.list_artifacts(run_id, CHECKPOINTS):
-            name = Path(item.path).name
-            if name.startswith("resource-") and name.endswith(".pt"):
-                found.append((float(name[len("resource-") : -len(".pt")]), item.path))
+            resource = checkpoint_resource(Path(item.path).name)
+            if resource is not None:
+                found.append((resource, item.path))
         return sorted(found, reverse=True)
 
     def load_checkpoint(self, run_id: str, loader: Any) -> tuple[float, Any] | None:

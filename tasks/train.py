@@ -42,7 +42,8 @@ from planners.spec import JobSpec, SpecError
 from planners.staging.widths import FALLBACK_HINT, profile_widths, width_problem
 from tasks.context import TrialContext, mix
 from tasks.distributed import DistContext, DistributedError, run_distributed
-from tasks.tracking import Tracker
+from tasks.spool import Spool
+from tasks.tracking import Tracker, shared_tracker
 from tasks.trainable import Trainable, TrainableError, load_trainable, supports_distributed
 
 
@@ -130,7 +131,8 @@ def train_segment(
     run_id: str,
     gpu_ids: Sequence[int] | None = None,
 ) -> SegmentReport:
-    return run_segment(job, segment, config, run_id, gpu_ids=gpu_ids)
+    # Local segments keep their checkpoints on this machine until they end (tasks/spool.py).
+    return run_segment(job, segment, config, run_id, gpu_ids=gpu_ids, spool=True)
 
 
 # How long a data-parallel segment may run; also each collective's limit, so a rank that
@@ -147,6 +149,7 @@ def run_segment(
     run_id: str,
     device: str | None = None,
     gpu_ids: Sequence[int] | None = None,
+    spool: bool = False,
 ) -> SegmentReport:
     """Train ``segment`` at its width and keep its report in MLflow. A trainable that raises
     (or that this worker cannot import) yields a failed result: one trial's failure never
@@ -156,8 +159,11 @@ def run_segment(
         device: Where a single-process segment trains; default ``cuda`` when there is one.
         gpu_ids: The GPUs the executor (a packer's assignment) gave this segment, one per
             data-parallel process; default ``0 .. g-1``. Ignored without CUDA.
+        spool: Keep a single-process segment's checkpoints on this machine and hand the
+            newest to MLflow when it ends (:class:`tasks.spool.Spool`): for segments whose
+            retry runs on this machine too (the local pool).
     """
-    tracker = Tracker(job.mlflow_uri, job.experiment)
+    tracker = shared_tracker(job.mlflow_uri, job.experiment)
     began = time.perf_counter()
     try:
         trainable = load_trainable(job.trainable)
@@ -165,7 +171,7 @@ def run_segment(
         reports, resource, error = [], segment.start, str(exc)
     else:
         reports, resource, error = _train_at_width(
-            job, segment, config, run_id, trainable, tracker, device, gpu_ids
+            job, segment, config, run_id, trainable, tracker, device, gpu_ids, spool
         )
     seconds = time.perf_counter() - began
     first = min((r for r, _ in reports), default=resource + 1)
@@ -202,6 +208,7 @@ def _train_at_width(
     tracker: Tracker,
     device: str | None,
     gpu_ids: Sequence[int] | None,
+    spool: bool,
 ) -> tuple[Reports, float, str | None]:
     """Run the segment on one process or ``g``; its reports, resource reached and error."""
     gpus, fallback = segment_width(job, segment, trainable)
@@ -216,7 +223,10 @@ def _train_at_width(
         tags["elastune.gpu_sharing"] = "mps" if mps_running() else "time-slicing"
     tracker.set_tags(run_id, tags)
     if gpus <= 1:
-        ctx, error = _train(job, segment, config, run_id, trainable, device=device, gpus=gpus)
+        kept = Spool.beside(job.mlflow_uri) if spool else None
+        ctx, error = _train(
+            job, segment, config, run_id, trainable, device=device, gpus=gpus, spool=kept
+        )
         return ctx.reports, ctx.resource, error
     try:
         reports, resource = run_distributed(
@@ -268,12 +278,15 @@ def _train(
         stop=segment.stop,
         max_resource=job.max_resource,
         run_id=run_id,
-        tracker=Tracker(job.mlflow_uri, job.experiment),
+        tracker=shared_tracker(job.mlflow_uri, job.experiment),
         seed=job.trial_seed(segment.trial),
         **placement,
     )
     if placement.get("world_size", 1) > 1:
-        trainable(dict(config), ctx)  # a rank that raises must end its peers: let it
+        try:
+            trainable(dict(config), ctx)  # a rank that raises must end its peers: let it
+        finally:
+            ctx.finish()
         return ctx, None
     try:
         trainable(dict(config), ctx)
@@ -281,6 +294,8 @@ def _train(
         error = "".join(traceback.format_exception_only(exc)).strip()
         error += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])
         return ctx, error
+    finally:
+        ctx.finish()
     return ctx, None
 
 

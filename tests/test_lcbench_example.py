@@ -18,8 +18,8 @@ class MemoryTracker:
         self.metrics: list[tuple[int, dict[str, float]]] = []
         self.saved: list[tuple[float, bytes]] = []
 
-    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int) -> None:
-        self.metrics.append((step, metrics))
+    def log_history(self, run_id: str, reports: list[tuple[int, dict[str, float]]]) -> None:
+        self.metrics.extend(reports)
 
     def save_checkpoint(self, run_id: str, payload: bytes, resource: float) -> None:
         self.saved.append((resource, payload))

@@ -79,3 +79,64 @@ def test_a_segment_resumed_mid_way_reports_the_epochs_before_the_crash(tmp_path:
     assert [r for r, _ in retried.result.history] == [1, 2, 3]
     assert retried.result.history == uninterrupted.result.history
     assert retried.result.loss == uninterrupted.result.loss
+
+
+def test_a_spooled_segment_hands_its_newest_checkpoint_and_metrics_to_mlflow(
+    tmp_path: Path,
+) -> None:
+    from tasks.spool import Spool
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "ckpt")
+    spool = Spool(tmp_path / "spool")
+    run_id = tracker.start_trial("job", "parent", 0, {})
+    model = torch.nn.Linear(2, 1)
+    ctx = TrialContext(
+        trial=0, start=0, stop=3, max_resource=9, run_id=run_id, tracker=tracker, spool=spool
+    )
+    for epoch in ctx.range(ctx.restore(model=model)):
+        ctx.report(val_accuracy=epoch / 10)
+        ctx.checkpoint(model=model)
+        assert tracker.checkpoints(run_id) == []  # kept locally while the segment trains
+    ctx.finish()
+    assert [r for r, _ in tracker.checkpoints(run_id)] == [3]  # only the segment's last
+    assert tracker.metric_history(run_id, "val_accuracy") == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert spool.files(run_id) == []
+
+
+def test_a_killed_spooled_segment_loses_only_what_followed_its_last_checkpoint(
+    tmp_path: Path,
+) -> None:
+    from tasks.spool import Spool
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "ckpt")
+    spool = Spool(tmp_path / "spool")
+    run_id = tracker.start_trial("job", "parent", 0, {})
+
+    def segment(stop: int) -> TrialContext:
+        return TrialContext(
+            trial=0,
+            start=0,
+            stop=stop,
+            max_resource=9,
+            run_id=run_id,
+            tracker=tracker,
+            spool=spool,
+        )
+
+    killed, model = segment(6), torch.nn.Linear(2, 1)
+    for epoch in killed.range(killed.restore(model=model)):
+        with torch.no_grad():
+            model.bias.fill_(float(epoch))
+        killed.report(val_accuracy=epoch / 10)
+        if epoch <= 4:
+            killed.checkpoint(model=model)
+        if epoch == 2:
+            killed._write_metrics()  # the periodic write happened after epoch 2
+        if epoch == 5:
+            break  # killed after reporting epoch 5, before its checkpoint: no finish()
+    retry, fresh = segment(6), torch.nn.Linear(2, 1)
+    assert retry.restore(model=fresh) == 4 and fresh.bias.item() == 4.0
+    assert [r for r, _ in tracker.checkpoints(run_id)] == [4]
+    # Epochs 1-4 logged once each (3 and 4 from the checkpoint); epoch 5 is trained again.
+    assert [s for s, _ in tracker.metric_history(run_id, "val_accuracy")] == [1, 2, 3, 4]
+    assert spool.files(run_id) == []
