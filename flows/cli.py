@@ -97,10 +97,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.job import check_stores, new_job_id
 
     check_stores(spec)  # before Prefect starts (seconds): a typo answers at once
+    from flows.ephemeral import start_early
+
+    server_ready = start_early()  # starts while the flows are imported
     from flows.tune import tune_spec
 
     job_id = new_job_id(spec.name)
     print(f"job {job_id}", file=sys.stderr, flush=True)
+    server_ready()
     return _finish(job_id, lambda: tune_spec(spec, job_id), args.json)
 
 
@@ -138,9 +142,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
         print(f"job {args.job_id} finished at {at}: nothing to resume", file=sys.stderr)
         _emit(done, args.json, _print_run)
         return 0
+    from flows.ephemeral import start_early
+
+    server_ready = start_early()
     from flows.tune import resume
 
     print(f"job {args.job_id}", file=sys.stderr, flush=True)
+    server_ready()
     return _finish(args.job_id, lambda: resume(args.job_id, args.storage), args.json)
 
 

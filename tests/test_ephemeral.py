@@ -1,0 +1,90 @@
+"""A local ``elastune run`` killed with SIGKILL leaves no Prefect server behind (issue 13:
+the ephemeral server is a child that dies with its command, flows/ephemeral.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Is ``pid`` a process that still runs (a zombie waiting to be reaped does not)?"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def is_server(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return b"prefect.server.api.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return False
+
+
+def wait_for(condition: Callable[[], object], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_killed_run_leaves_no_prefect_server(tmp_path: Path) -> None:
+    job = {
+        "name": "orphan",
+        "trainable": "tests.trainables:logged_quadratic",
+        "metric": "val_accuracy",
+        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+        "scheduler": {"max_trials": None, "max_resource": 9},
+        "tracking": {
+            "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
+            "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
+        },
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    log = tmp_path / "epochs.log"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PYTHONPATH=str(ROOT), ELASTUNE_TEST_LOG=str(log), PREFECT_HOME=str(tmp_path))
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "job.yaml")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # so that the test can clean up whatever happens
+    )
+    try:
+        assert wait_for(lambda: log.exists() and log.read_text().strip(), 180), "never trained"
+        servers = [pid for pid in children(driver.pid) if is_server(pid)]
+        assert servers, "the run started no ephemeral server"
+        driver.send_signal(signal.SIGKILL)  # the driver alone, not its process group
+        driver.wait()
+        assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
