@@ -1,25 +1,31 @@
 """Where a job's time goes besides training: the bookkeeping a trainable and the driver pay.
 
-Measured one piece at a time, on the same stores a job uses (MLflow and Optuna on SQLite):
+Measured one piece at a time, on the stores a job uses (MLflow and Optuna on SQLite):
 
-- ``ctx.report``: one epoch's metrics (3 values) written to the trial's MLflow run;
-- ``ctx.checkpoint``: the digits CNN (width 32) and its Adam state saved as an MLflow
-  artifact;
+- ``ctx.report``: one epoch's metrics (3 values); they are held and written to MLflow in one
+  batch with the checkpoint that follows (work pool) or when the segment ends (local pool);
+- ``ctx.checkpoint``: the digits CNN (width 32) and its Adam state, kept in the local spool
+  (a segment of the local pool) or written to MLflow at once (a segment on a work pool);
+- the end of a local segment (``ctx.finish``): its held metrics and its newest checkpoint
+  handed to MLflow, after 3 epochs;
 - ``ctx.restore``: the newest checkpoint found and loaded, once per segment;
 - a Prefect task run: a task that does nothing, submitted and awaited in a flow, as the
-  local pool runs each segment;
+  local pool runs each segment: wall-clock seconds, and the CPU seconds it costs this process
+  and the Prefect server (the ephemeral server this script starts, its CPU read from
+  ``/proc``, with 15 s left after the last task run for it to record the events);
 - the sampler's ``ask`` after ``n`` finished trials, for ``tpe`` and ``mf-tpe``, with the
   digits search space.
 
 Beside them, one epoch of the digits CNN (width 32) on this machine, the training the
-bookkeeping is paid for. Run: ``python benchmarks/overhead.py``; writes
-``benchmarks/results/overhead.json``. Medians of repeated calls; the machine's other load
-shows in them, so read them to about 20%.
+bookkeeping is paid for. Run: ``python benchmarks/overhead.py`` (no ``PREFECT_API_URL``);
+writes ``benchmarks/results/overhead.json``. Medians of repeated calls; the machine's other
+load shows in them, so read them to about 20%.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -43,28 +49,52 @@ def median_seconds(call: Callable[[], Any], repeat: int) -> float:
 
 
 def tracking_costs(tmp: Path) -> dict[str, float]:
-    """ctx.report, ctx.checkpoint and ctx.restore of the digits CNN, and one epoch of it."""
+    """ctx.report, ctx.checkpoint, a segment's end and ctx.restore of the digits CNN, and
+    one epoch of it."""
     import torch
 
     from examples.digits import Net, data
     from tasks.context import TrialContext
+    from tasks.spool import Spool
     from tasks.tracking import Tracker
 
     tracker = Tracker(f"sqlite:///{tmp}/mlflow.db", "overhead")
-    run_id = tracker.start_trial("job", tracker.start_job("job", {}, {}), 0, {})
+    parent = tracker.start_job("job", {}, {})
     model = Net(32)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    ctx = TrialContext(
-        trial=0, start=0, stop=1000, max_resource=1000, run_id=run_id, tracker=tracker
-    )
-    steps = iter(range(1, 10_000))
+    steps = iter(range(1, 100_000))
 
-    def report() -> None:
-        ctx.report(next(steps), val_accuracy=0.9, val_loss=0.3, train_loss=0.2)
+    def context(spool: Spool | None) -> TrialContext:
+        run_id = tracker.start_trial("job", parent, next(steps), {})
+        return TrialContext(
+            trial=0,
+            start=0,
+            stop=10**6,
+            max_resource=10**6,
+            run_id=run_id,
+            tracker=tracker,
+            spool=spool,
+        )
 
-    def checkpoint() -> None:
+    local, direct = context(Spool(tmp / "spool")), context(None)
+
+    def report(ctx: TrialContext) -> None:
+        ctx.resource = next(steps)
+        ctx.report(val_accuracy=0.9, val_loss=0.3, train_loss=0.2)
+
+    def checkpoint(ctx: TrialContext) -> None:
         ctx.resource = next(steps)
         ctx.checkpoint(model=model, optimizer=optimizer)
+
+    ends: list[float] = []
+
+    def segment_end() -> None:
+        for _ in range(3):
+            report(local)
+            checkpoint(local)
+        began = time.perf_counter()
+        local.finish()
+        ends.append(time.perf_counter() - began)
 
     x, y, _, _ = data()
 
@@ -78,32 +108,56 @@ def tracking_costs(tmp: Path) -> dict[str, float]:
             loss.backward()
             optimizer.step()
 
-    return {
-        "ctx.report": median_seconds(report, 30),
-        "ctx.checkpoint": median_seconds(checkpoint, 15),
-        "ctx.restore": median_seconds(lambda: ctx.restore(model=model, optimizer=optimizer), 10),
-        "digits epoch (width 32)": median_seconds(epoch, 5),
+    costs = {
+        "ctx.report": median_seconds(lambda: report(local), 30),
+        "ctx.checkpoint (local pool: spool)": median_seconds(lambda: checkpoint(local), 15),
+        "ctx.checkpoint (work pool: MLflow)": median_seconds(lambda: checkpoint(direct), 15),
     }
+    local.finish()
+    for _ in range(10):
+        segment_end()
+    costs["segment end (3 epochs held)"] = statistics.median(ends)
+    costs["ctx.restore"] = median_seconds(
+        lambda: local.restore(model=model, optimizer=optimizer), 10
+    )
+    costs["digits epoch (width 32)"] = median_seconds(epoch, 5)
+    return costs
 
 
-def task_run_cost() -> float:
-    """Seconds per no-op Prefect task run submitted and awaited inside a flow."""
+def task_run_costs() -> dict[str, float]:
+    """Per no-op Prefect task run submitted and awaited inside a flow: wall seconds, this
+    process's CPU seconds and the ephemeral server's."""
     from prefect import flow, task
+    from prefect.server.api.server import SubprocessASGIServer
     from prefect.task_runners import ThreadPoolTaskRunner
 
     @task
     def nothing() -> None:
         return None
 
+    def server_cpu() -> float:
+        process = SubprocessASGIServer().server_process
+        assert process is not None, "set no PREFECT_API_URL: this measures the local server"
+        text = Path(f"/proc/{process.pid}/stat").read_text()
+        fields = text[text.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     @flow(task_runner=ThreadPoolTaskRunner(max_workers=2))
-    def many(n: int) -> float:
+    def many(n: int) -> dict[str, float]:
         nothing.submit().result()  # the first task run pays for set-up
-        began = time.perf_counter()
+        time.sleep(5)
+        server, cpu, wall = server_cpu(), time.process_time(), time.perf_counter()
         for _ in range(n):
             nothing.submit().result()
-        return (time.perf_counter() - began) / n
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        time.sleep(15)  # the server records the task runs' events after they end
+        return {
+            "prefect task run (wall)": wall / n,
+            "prefect task run (driver CPU)": cpu / n,
+            "prefect task run (server CPU)": (server_cpu() - server) / n,
+        }
 
-    return many(40)
+    return many(200)
 
 
 def sampler_costs() -> dict[str, dict[int, float]]:
@@ -129,9 +183,12 @@ def sampler_costs() -> dict[str, dict[int, float]]:
 
 
 def main() -> int:
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # no line per task run
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     with tempfile.TemporaryDirectory() as tmp:
         costs = tracking_costs(Path(tmp))
-    costs["prefect task run"] = task_run_cost()
+    costs.update(task_run_costs())
     samplers = sampler_costs()
     result = {
         "seconds": {k: round(v, 4) for k, v in costs.items()},
@@ -140,10 +197,10 @@ def main() -> int:
         },
     }
     for name, seconds in result["seconds"].items():
-        print(f"{name:<26}{seconds * 1000:>10.1f} ms")
+        print(f"{name:<38}{seconds * 1000:>10.1f} ms")
     for name, by_n in result["sampler_ask_seconds"].items():
         row = "  ".join(f"{n} trials: {s * 1000:.1f} ms" for n, s in by_n.items())
-        print(f"{name + ' ask':<26}{row}")
+        print(f"{name + ' ask':<38}{row}")
     RESULT.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULT}")
     return 0

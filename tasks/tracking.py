@@ -86,6 +86,7 @@ class Tracker:
         self.experiment = experiment
         self._experiment_id: str | None = None
         self.created_experiment = False
+        self._tags: dict[str, dict[str, str]] = {}  # run id -> tags set by keep_tags
 
     @property
     def experiment_id(self) -> str:
@@ -160,6 +161,15 @@ class Tracker:
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def keep_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        """Set ``tags`` unless this tracker has set these very values on the run already:
+        for tags that only this process writes, e.g. each segment's width."""
+        written = self._tags.setdefault(run_id, {})
+        new = {k: str(v) for k, v in tags.items() if written.get(k) != str(v)}
+        if new:
+            self.set_tags(run_id, new)
+            written.update(new)
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(

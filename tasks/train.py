@@ -221,7 +221,7 @@ def _train_at_width(
         tags["elastune.width_fallback"] = f"asked {segment.gpus:g} GPUs: {fallback}"
     if gpus < 1 and cuda:
         tags["elastune.gpu_sharing"] = "mps" if mps_running() else "time-slicing"
-    tracker.set_tags(run_id, tags)
+    tracker.keep_tags(run_id, tags)
     if gpus <= 1:
         kept = Spool.beside(job.mlflow_uri) if spool else None
         ctx, error = _train(
