@@ -135,8 +135,10 @@ def job_id_of(log: Path, process: subprocess.Popen) -> str:
 
 
 def checkpoint_files(stores: Stores) -> set[Path]:
-    """Checkpoint files in the job's artifact store (beside its MLflow database)."""
-    return set((stores.root / "artifacts").glob("**/checkpoints/*.pt"))
+    """Checkpoint files in the job's artifact store and in the spool where a local segment
+    keeps them until it ends (both beside its MLflow database, tasks/spool.py)."""
+    kept = set((stores.root / "spool").glob("*/resource-*.pt"))
+    return set((stores.root / "artifacts").glob("**/checkpoints/*.pt")) | kept
 
 
 def journal(job_id: str, storage: str) -> list[dict[str, Any]]:

@@ -1,0 +1,199 @@
+"""Where a local job's time goes: a profile of ``elastune run`` on the useful-work job.
+
+Runs ``python -m flows.cli run`` on ``benchmarks/useful_work.py``'s job (bloom + mf-tpe, two
+workers, fresh stores, a migrated Prefect home) for ``--seconds``, in a process that also
+runs a sampling profiler, then kills it. The profiler wakes every 5 ms and charges each
+thread's CPU time since the last wake (``time.pthread_getcpuclockid``) to the stack that
+thread is in, so it sees every thread (training threads, the driver, Prefect's) and counts
+CPU, not waiting. Stacks are summed into parts (the training epochs, ``ctx``'s
+bookkeeping, the driver's steps, Prefect, imports). Beside it, wall-clock timers around
+the driver's and the segment's steps give the seconds per call, and the Prefect server's
+CPU is read from ``/proc``.
+
+    python benchmarks/profile_job.py [--seconds 60]
+
+Writes ``benchmarks/results/profile_job.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULT = ROOT / "benchmarks" / "results" / "profile_job.json"
+
+# A stack belongs to the first part whose marker it holds (a file and function, or a folder).
+PARTS = [
+    ("training epochs", "useful_work.py:epoch"),
+    ("imports", "importlib._bootstrap"),
+    ("ctx: report, checkpoint, restore, finish", "tasks/context.py:"),
+    ("segment: tags, report, other", "tasks/train.py:"),
+    ("driver: record a result", "flows/job.py:record"),
+    ("driver: hand out segments (sampler, journal)", "flows/drive.py:admit"),
+    ("driver: start a segment (MLflow run)", "flows/drive.py:start"),
+    ("driver: create the job", "flows/job.py:create"),
+    ("driver: other", "flows/"),
+    ("Prefect (engine, client, events, logs)", "prefect/"),
+]
+# Steps timed by the wall clock: (module, owner in it or None, function).
+TIMED = [
+    ("flows.drive", None, "admit"),
+    ("flows.drive", None, "start"),
+    ("flows.launch", "Launcher", "next_report"),
+    ("flows.job", "Job", "record"),
+    ("flows.job", "Job", "create"),
+    ("tasks.train", None, "run_segment"),
+    ("tasks.context", "TrialContext", "report"),
+    ("tasks.context", "TrialContext", "checkpoint"),
+    ("tasks.context", "TrialContext", "restore"),
+    ("tasks.context", "TrialContext", "finish"),
+    ("tasks.tracking", "Tracker", "save_report"),
+]
+
+
+def part(stack: tuple[str, ...]) -> str:
+    text = " ".join(stack)
+    return next((name for name, marker in PARTS if marker in text), "other")
+
+
+def frames_of(frame: Any) -> tuple[str, ...]:
+    names = []
+    while frame is not None:
+        code = frame.f_code
+        names.append(f"{code.co_filename.split('site-packages/')[-1]}:{code.co_name}")
+        frame = frame.f_back
+    return tuple(names)
+
+
+def profile_this_process(out: Path) -> None:
+    """Sample every thread's CPU by stack, time the steps, and dump both on SIGUSR1."""
+    import importlib
+
+    cpu: collections.Counter[str] = collections.Counter()
+    walls: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+
+    def sample() -> None:
+        me, last = threading.get_ident(), {}
+        while True:
+            time.sleep(0.005)
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                try:
+                    now = time.clock_gettime(time.pthread_getcpuclockid(ident))
+                except OSError:  # the thread ended
+                    continue
+                spent = now - last.get(ident, now)
+                last[ident] = now
+                if spent > 0:  # an ended thread's id reused by a new one reads lower
+                    cpu[part(frames_of(frame))] += spent
+
+    def timed(function: Callable[..., Any], label: str) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                walls[label][0] += 1
+                walls[label][1] += time.perf_counter() - began
+
+        return wrapper
+
+    for module_name, owner_name, name in TIMED:
+        module = importlib.import_module(module_name)
+        owner = module if owner_name is None else getattr(module, owner_name)
+        setattr(owner, name, timed(getattr(owner, name), f"{owner_name or module_name}.{name}"))
+
+    def dump(*_: Any) -> None:
+        calls = {
+            k: {"calls": n, "ms_per_call": round(1000 * s / n, 1)} for k, (n, s) in walls.items()
+        }
+        data = {"cpu_by_part": dict(cpu), "process_cpu": time.process_time(), "steps": calls}
+        out.write_text(json.dumps(data))
+
+    signal.signal(signal.SIGUSR1, dump)
+    threading.Thread(target=sample, daemon=True).start()
+
+
+def run(seconds: float) -> dict[str, Any]:
+    from benchmarks.useful_work import LOG, Watch, job_file, prepare_prefect
+
+    with tempfile.TemporaryDirectory(prefix="profile-job-") as tmp:
+        folder = Path(tmp)
+        env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+        env.update(PREFECT_HOME=str(folder), PYTHONPATH=str(ROOT), **{LOG: str(folder / "e")})
+        # What flows/cli.py sets, set before the profiler imports Prefect and MLflow.
+        env.update(PREFECT_LOGGING_LEVEL="WARNING", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+        env.update(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
+        prepare_prefect(folder)
+        out = folder / "profile.json"
+        command = [sys.executable, __file__, "--child", str(out), str(job_file(folder, 0, 2))]
+        began = time.time()
+        child = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)
+        watch = Watch(child.pid)
+        while time.time() - began < seconds:
+            watch.sample()
+            time.sleep(0.25)
+        watch.sample()
+        child.send_signal(signal.SIGUSR1)
+        while not out.exists():
+            time.sleep(0.1)
+        time.sleep(0.5)  # the dump is one write; let it finish
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        data = json.loads(out.read_text())
+        log = folder / "e"
+        epochs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    total = sum(data["cpu_by_part"].values())
+    return {
+        "seconds": seconds,
+        "epochs": len(epochs),
+        "first_epoch_s": round(epochs[0]["t"] - began, 1) if epochs else None,
+        "cpu_seconds_by_process": watch.by_label(),
+        "driver_cpu_share_by_part": {
+            k: round(v / total, 3)
+            for k, v in sorted(data["cpu_by_part"].items(), key=lambda x: -x[1])
+        },
+        "driver_cpu_seconds_sampled": round(total, 1),
+        "steps": data["steps"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--child", nargs=2, metavar=("OUT", "JOB"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        profile_this_process(Path(args.child[0]))
+        sys.argv = ["flows.cli", "run", args.child[1]]
+        runpy.run_module("flows.cli", run_name="__main__")
+        return 0
+    result = run(args.seconds)
+    print(f"{result['epochs']} epochs in {args.seconds:g} s, first at {result['first_epoch_s']} s")
+    print(f"CPU seconds by process: {result['cpu_seconds_by_process']}")
+    for name, share in result["driver_cpu_share_by_part"].items():
+        print(f"  {name:<48}{share:>7.1%}")
+    for name, step in sorted(result["steps"].items()):
+        print(f"  {name:<32}{step['calls']:>6} calls {step['ms_per_call']:>9.1f} ms each")
+    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
