@@ -221,12 +221,14 @@ class TrialContext:
         metrics its newest readable checkpoint holds (those MLflow lacks) and the
         checkpoint itself, if MLflow has none as new."""
         for resource, path in self._spool.files(self.run_id):
-            with contextlib.suppress(Exception):  # a file it cannot read is skipped
-                metrics = torch.load(path, weights_only=True).get("metrics", [])
-                self._log_missing(metrics)
-                if resource > self._tracker_newest():
-                    self._tracker.upload_checkpoint(self.run_id, path)
-                break
+            try:
+                payload = torch.load(path, weights_only=True)
+            except Exception:  # a file it cannot read is skipped
+                continue
+            self._log_missing(payload.get("metrics", []))
+            if resource > self._tracker_newest():
+                self._tracker.upload_checkpoint(self.run_id, path)
+            break
         self._spool.clear(self.run_id)
 
     def _log_missing(self, metrics: list[tuple[int, dict[str, float]]]) -> None:
