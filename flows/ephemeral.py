@@ -47,8 +47,15 @@ def start_early() -> Callable[[], None]:
     return thread.join
 
 
+_TIED: set[int] = set()  # pids a watchdog of this process already guards
+
+
 def tie(pid: int) -> None:
-    """Stop process ``pid`` when this process dies, even by SIGKILL."""
+    """Stop process ``pid`` when this process dies, even by SIGKILL (once per pid: a process
+    that runs several jobs reuses Prefect's server)."""
+    if pid in _TIED:
+        return
+    _TIED.add(pid)
     watchdog = subprocess.Popen(
         ["sh", "-c", WATCHDOG, str(pid)], stdin=subprocess.PIPE, start_new_session=True
     )
