@@ -68,9 +68,9 @@ def test_a_local_job_gives_concurrent_segments_different_devices(
     calls: list[tuple[float, float, tuple[int, ...]]] = []
     real = tasks.train.run_segment
 
-    def recording(job, segment, config, run_id, device=None, gpu_ids=None):
+    def recording(job, segment, config, run_id, device=None, gpu_ids=None, spool=False):
         began = time.monotonic()
-        report = real(job, segment, config, run_id, device, gpu_ids)
+        report = real(job, segment, config, run_id, device, gpu_ids, spool)
         calls.append((began, time.monotonic(), tuple(gpu_ids)))
         return report
 
