@@ -265,8 +265,9 @@ class PlanReport:
                 lines.append(f"{baseline.name}: {baseline.note}")
                 continue
             b_jct = baseline.outcome.jct_q
-            cost_mean = self.outcome.cost_mean
-            ratio = f" ({baseline.outcome.cost_mean / cost_mean:.2f}x the plan)" if cost_mean else ""
+            plan_cost = self.outcome.cost_mean
+            times = baseline.outcome.cost_mean / plan_cost if plan_cost else None
+            ratio = "" if times is None else f" ({times:.2f}x the plan)"
             lines.append(
                 f"{baseline.name}: {baseline.instance_type} × {baseline.nodes} "
                 f"({baseline.gpus} GPUs) for the whole job, p95 JCT {format_duration(b_jct)}, "

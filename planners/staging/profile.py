@@ -7,10 +7,11 @@ speeds relative to one whole GPU. Speedup is ``S(g) = t(1) / t(g)``.
 A segment of ``r`` resource units on ``g`` GPUs takes ``overhead + r * t(g)`` seconds on
 average; ``overhead`` is what a segment spends outside its units (dispatch, building the
 model, restoring and saving a checkpoint). A job spends ``startup_s`` before its first
-segment starts (its runs and study created, its first dispatch). Its spread has two parts: unit-to-unit noise, independent between units, so by the
-central limit theorem its sd grows as ``sqrt(r) * sd(g)`` (docs/algorithms.md §5.3); and a
-per-segment straggler factor ``segment_cv`` (a slow node stays slow for the whole segment),
-whose sd grows as ``r * t(g) * segment_cv``.
+segment starts (its runs and study created, its first dispatch). Its spread has two parts:
+unit-to-unit noise, independent between units, so by the central limit theorem its sd grows
+as ``sqrt(r) * sd(g)`` (docs/algorithms.md §5.3); and a per-segment straggler factor
+``segment_cv`` (a slow node stays slow for the whole segment), whose sd grows as
+``r * t(g) * segment_cv``.
 
 A profile comes from the job file's ``profile:`` section (:meth:`Profile.from_spec`), from
 numbers measured by ``elastune profile`` (:meth:`Profile.from_measurements`), from a
