@@ -236,12 +236,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not args.no_calibrate:
         from flows.calibrate import calibrate
 
-        # A segment's and a job's time outside the units, measured through the real flow,
-        # replace the in-process estimate (docs/cli.md, profile).
-        one = result["profile"]["seconds_per_unit"][1]
-        calibration = calibrate(spec, one)
-        result["calibration_wall_s"] = calibration.pop("calibration_wall_s")
-        result["profile"] |= calibration
+        # A slot's unit time and the overheads, measured through the real flow, anchor the
+        # in-process timings (docs/cli.md, profile).
+        result["profile"], result["calibration_walls_s"] = calibrate(spec, result["profile"])
     if args.out:
         import yaml
 
@@ -335,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument(
         "--no-calibrate",
         action="store_true",
-        help="skip the two small jobs that measure dispatch and job overheads",
+        help="skip the three small jobs that time a slot and the overheads in real runs",
     )
 
     again = commands.add_parser("resume", help="continue a job whose driver died")
