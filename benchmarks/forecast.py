@@ -113,7 +113,7 @@ def one(name: str, job: dict[str, Any], epoch_s: str) -> dict[str, Any]:
         folder = Path(tmp)
         path = folder / "job.yaml"
         path.write_text(yaml.safe_dump({"name": name, **job}))
-        elastune(["profile", str(path), "--out", "profile.yaml"], folder, epoch_s)
+        measured = elastune(["profile", str(path), "--out", "profile.yaml"], folder, epoch_s)
         profile = yaml.safe_load((folder / "profile.yaml").read_text())["profile"]
         planned = {**job, "name": name, "budget": {"deadline": "1h"}, "profile": profile}
         path.write_text(yaml.safe_dump(planned))
@@ -123,6 +123,7 @@ def one(name: str, job: dict[str, Any], epoch_s: str) -> dict[str, Any]:
     return {
         "job": name,
         "profile": profile,
+        "calibration_walls_s": measured.get("calibration_walls_s"),
         "plan_jct_s": plan["jct_s"],
         "forecast_jct_s": forecast,
         "measured_jct_s": wall,

@@ -30,6 +30,7 @@ from flows.story import Story
 from infra.sizing import RELEASE_STAGE, publish_sizing
 from planners.search.schedulers.base import Segment
 from planners.spec import SpecError
+from planners.staging.admission import StageSlots
 from tasks.train import SegmentReport
 
 
@@ -160,14 +161,17 @@ def run_segments(
 def admit(job: Job, pending: list[Segment], running: list[Segment]) -> list[Segment]:
     """The segments to start now: waiting ones first, then new ones from the scheduler
     while there is room. A segment of a stage already at its concurrency waits in
-    ``pending``, and drawing stops."""
+    ``pending``, and drawing stops, except in a planned job: there each stage has its own
+    slots and Hyperband's brackets run side by side, as the plan priced them, so drawing
+    goes on to reach the other brackets' stages."""
     admission = job.execution.admission
     starting: list[Segment] = []
     for segment in list(pending):
         if admission.may_start(segment, running + starting):
             pending.remove(segment)
             starting.append(segment)
-    while not pending and admission.may_start_any(running + starting):
+    side_by_side = isinstance(admission, StageSlots)
+    while (side_by_side or not pending) and admission.may_start_any(running + starting):
         segment = job.loop.next_segment()
         if segment is None:
             break

@@ -166,3 +166,35 @@ def test_a_planned_local_run_records_forecast_and_measurement(tmp_path: Path, st
     artifact = Artifact.get(f"{summary['job_id']}-plan").data
     assert "## Forecast and measurement" in artifact
     assert f"measured {summary['wall_seconds']:.1f} s" in artifact  # the last version
+
+
+# --- calibration (elastune profile's second half) --------------------------------------------
+
+
+def test_calibration_jobs_are_one_rung_of_full_waves(tmp_path: Path) -> None:
+    from flows.calibrate import calibration_job
+
+    spec = parse_job(job(compute={"workers": 3}))
+    small = calibration_job(spec, 4, 3.0, tmp_path)
+    assert (small.scheduler.name, small.scheduler.min_resource, small.scheduler.max_resource) == (
+        "sha",
+        3.0,
+        3.0,
+    )
+    assert small.scheduler.max_trials == 12 and small.profile is None
+    assert small.budget.deadline is None  # not planned: compute.workers segments at once
+    assert str(tmp_path) in small.tracking.mlflow_uri
+
+
+def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
+    from flows.calibrate import solve
+
+    # F = 2, o = 0.25, t = 0.5 at a first level of 2 units.
+    walls = {(1, 1): 2 + 1.25, (4, 1): 2 + 4 * 1.25, (4, 3): 2 + 4 * 3.25}
+    assert solve(walls, 2.0, 9.9) == {
+        "seconds_per_unit": 0.5,
+        "overhead_s": 0.25,
+        "job_overhead_s": 2.0,
+    }
+    noisy = {(1, 1): 3.0, (4, 1): 6.0, (4, 3): 5.9}  # longer units ran faster: noise
+    assert solve(noisy, 1.0, 0.1)["seconds_per_unit"] == 0.1
