@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+import time
 from dataclasses import replace
 from typing import Any
 
 import torch
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from flows.forecast import HeldForecast
 from flows.job import Job
 from flows.launch import Launcher
 from flows.pools import PoolSizer, PoolTarget
@@ -28,6 +30,7 @@ from flows.story import Story
 from infra.sizing import RELEASE_STAGE, publish_sizing
 from planners.search.schedulers.base import Segment
 from planners.spec import SpecError
+from planners.staging.admission import StageSlots
 from tasks.train import SegmentReport
 
 
@@ -42,11 +45,9 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
     print(execution.mode, file=sys.stderr, flush=True)
     # Threads share the cores: give each worker its slice instead of oversubscribing.
     torch.set_num_threads(max(1, torch.get_num_threads() // spec.compute.workers))
-    create_markdown_artifact(
-        key=artifact_key(job.job_id, "plan"),
-        markdown=describe(job),
-        description=f"plan of {job.job_id}",
-    )
+    report = execution.report
+    held = None if report is None else HeldForecast(report.forecast())
+    publish_plan(job, held)
     story = Story(job)
     pending = recover(job)
     story.begin(len(pending))
@@ -58,8 +59,9 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
             pool.backend if pool is not None else contextlib.nullcontext(),
             JobProgress(spec.metric, total) as progress,
         ):
-            run_segments(job, launcher, sizer, pending, progress, story)
-        summary = finish(job, story)
+            run_segments(job, launcher, sizer, pending, progress, story, held)
+        summary = finish(job, story, held)
+        publish_plan(job, held, summary["wall_seconds"])
         story.end(summary)
         return summary
     except BaseException as exc:
@@ -73,9 +75,20 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
             publish_sizing(pool.backend.records, key=artifact_key(job.job_id, "pool-sizing"))
 
 
-def describe(job: Job) -> str:
+def publish_plan(job: Job, held: HeldForecast | None, wall_seconds: float | None = None) -> None:
+    """The plan artifact, again under the same key as stages end (Prefect keeps each
+    version)."""
+    create_markdown_artifact(
+        key=artifact_key(job.job_id, "plan"),
+        markdown=describe(job, held, wall_seconds),
+        description=f"plan of {job.job_id}",
+    )
+
+
+def describe(job: Job, held: HeldForecast | None = None, wall_seconds: float | None = None) -> str:
     """The plan artifact: the mode, and the staged DAG or the rung ladder of an
-    asynchronous scheduler."""
+    asynchronous scheduler; for a planned job, its forecast next to what the run has
+    measured so far."""
     title = f"# Plan of {job.job_id}\n\n`{job.execution.mode}`\n\n"
     plan, workers = job.execution.plan, job.spec.compute.workers
     if plan is None:
@@ -87,7 +100,10 @@ def describe(job: Job) -> str:
             + (f", up to resource {ladder:g}." if ladder else ".")
         )
     totals = f"{plan.trials} trials, {plan.segments} segments, {workers} workers."
-    return f"{title}{plan.to_markdown()}\n\n{totals}"
+    text = f"{title}{plan.to_markdown()}\n\n{totals}"
+    if held is not None:
+        text += "\n\n## Forecast and measurement\n\n" + held.to_markdown(wall_seconds)
+    return text
 
 
 def recover(job: Job) -> list[Segment]:
@@ -109,9 +125,11 @@ def run_segments(
     pending: list[Segment],
     progress: JobProgress,
     story: Story,
+    held: HeldForecast | None = None,
 ) -> None:
     """Start what the admission policy lets start, record what finishes; until nothing
-    runs and the scheduler hands out nothing more."""
+    runs and the scheduler hands out nothing more. A planned job's ``held`` forecast
+    notes each stage's end, and the plan artifact shows it."""
     while True:
         starting = admit(job, pending, launcher.running)
         if sizer is not None:
@@ -130,6 +148,9 @@ def run_segments(
             story.stage_done(segment)
             if sizer is not None:
                 sizer.stage_done(segment)
+            if held is not None:
+                held.stage_done(segment.bracket, segment.rung, time.monotonic() - job.began)
+                publish_plan(job, held)
             create_table_artifact(
                 key=artifact_key(job.job_id, "leaderboard"),
                 table=leaderboard(job),
@@ -140,14 +161,17 @@ def run_segments(
 def admit(job: Job, pending: list[Segment], running: list[Segment]) -> list[Segment]:
     """The segments to start now: waiting ones first, then new ones from the scheduler
     while there is room. A segment of a stage already at its concurrency waits in
-    ``pending``, and drawing stops."""
+    ``pending``, and drawing stops, except in a planned job: there each stage has its own
+    slots and Hyperband's brackets run side by side, as the plan priced them, so drawing
+    goes on to reach the other brackets' stages."""
     admission = job.execution.admission
     starting: list[Segment] = []
     for segment in list(pending):
         if admission.may_start(segment, running + starting):
             pending.remove(segment)
             starting.append(segment)
-    while not pending and admission.may_start_any(running + starting):
+    side_by_side = isinstance(admission, StageSlots)
+    while (side_by_side or not pending) and admission.may_start_any(running + starting):
         segment = job.loop.next_segment()
         if segment is None:
             break

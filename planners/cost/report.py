@@ -138,7 +138,8 @@ def _baseline_dict(baseline: Baseline, plan_cost: float) -> dict[str, Any]:
     if baseline.outcome is not None:
         out["jct_s"] = baseline.outcome.summary(baseline.outcome.jct)
         out["cost_usd"] = baseline.outcome.summary(baseline.outcome.cost)
-        out["cost_ratio"] = round(baseline.outcome.cost_mean / plan_cost, 3)
+        # A free plan (the local type at price 0) has no cost ratio.
+        out["cost_ratio"] = round(baseline.outcome.cost_mean / plan_cost, 3) if plan_cost else None
     if baseline.note:
         out["note"] = baseline.note
     return out
@@ -216,6 +217,26 @@ class PlanReport:
             **self.details,
         }
 
+    def forecast(self) -> dict[str, Any]:
+        """What the plan forecasts, to hold a run against: JCT and cost (p50, p95), and per
+        stage its end (seconds from the job's start, p50 and p95), its mean cost and what
+        its nodes cost per second (a measured stage time prices the measured cost)."""
+        rates = [rate for run, _ in self.outcome.chains for rate in run.rates]
+        stages = {}
+        for stage, times, rate in zip(self.plan.stages, self.outcome.stages, rates, strict=True):
+            p50, p95 = np.quantile(times.end, [0.5, 0.95])
+            stages[f"b{stage.bracket}-r{stage.rung}"] = {
+                "end_s": {"p50": round(float(p50), 2), "p95": round(float(p95), 2)},
+                "cost_usd": round(times.cost, 6),
+                "usd_per_s": rate,
+            }
+        jct, cost = (np.quantile(x, [0.5, 0.95]) for x in (self.outcome.jct, self.outcome.cost))
+        return {
+            "jct_s": {"p50": round(float(jct[0]), 2), "p95": round(float(jct[1]), 2)},
+            "cost_usd": {"p50": round(float(cost[0]), 6), "p95": round(float(cost[1]), 6)},
+            "stages": stages,
+        }
+
     def to_table(self) -> tuple[list[str], list[list[str]]]:
         """Column names and rows of the stage table, as strings for a rich Table."""
         columns = ["stage", "trials", "resource", "GPUs/trial", "instances", "market"]
@@ -264,11 +285,13 @@ class PlanReport:
                 lines.append(f"{baseline.name}: {baseline.note}")
                 continue
             b_jct = baseline.outcome.jct_q
-            ratio = baseline.outcome.cost_mean / self.outcome.cost_mean
+            plan_cost = self.outcome.cost_mean
+            times = baseline.outcome.cost_mean / plan_cost if plan_cost else None
+            ratio = "" if times is None else f" ({times:.2f}x the plan)"
             lines.append(
                 f"{baseline.name}: {baseline.instance_type} × {baseline.nodes} "
                 f"({baseline.gpus} GPUs) for the whole job, p95 JCT {format_duration(b_jct)}, "
-                f"mean cost ${baseline.outcome.cost_mean:,.2f} ({ratio:.2f}x the plan)"
+                f"mean cost ${baseline.outcome.cost_mean:,.2f}{ratio}"
                 + ("" if baseline.meets_deadline else ", misses the deadline")
             )
         lines.append(

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from planners.cost import Catalog, PlanReport, plan_job, read_catalog
+from planners.cost import Catalog, PlanReport, plan_job
 from planners.cost.report import format_duration
 from planners.search.schedulers.base import Segment
 from planners.spec import JobSpec, SpecError
@@ -73,11 +73,13 @@ class ExecutionMode:
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    """A job's staged plan (None: asynchronous), its admission policy and its mode."""
+    """A job's staged plan (None: asynchronous), its admission policy, its mode and, for a
+    planned job, the cost planner's report (its forecast is held against the run)."""
 
     plan: Plan | None
     admission: Admission
     mode: ExecutionMode
+    report: PlanReport | None = None
 
     def stage(self, segment: Segment) -> Stage | None:
         """The segment's stage; None for asynchronous schedulers."""
@@ -105,11 +107,13 @@ def execution_plan(
     """
     plan = compile_plan(spec) if is_staged(spec) else None
     limits = _limits(spec) if plan is not None else None
-    if plan is not None and limits is not None:
-        catalog = catalog if catalog is not None else read_catalog()
+    if plan is None or limits is None:
+        report = None  # an unplanned job has no forecast
+    else:
         if report is None:
-            report = plan_job(spec, catalog=catalog)
+            report = plan_job(spec, catalog=catalog, devices=devices)
             report.check()
+        catalog = report.catalog  # the types the plan names (``local``: this machine)
         plan = allocate(plan, report.allocations)
     if plan is not None:
         check_widths(spec, plan, distributed=distributed, devices=devices)
@@ -122,7 +126,7 @@ def execution_plan(
     else:
         admission = WorkerCap(spec.compute.workers)
     mode = ExecutionMode(limits, packer is not None, _workers(spec, limits, packer))
-    return ExecutionPlan(plan, admission, mode)
+    return ExecutionPlan(plan, admission, mode, report)
 
 
 def _limits(spec: JobSpec) -> str | None:
