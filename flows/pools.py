@@ -362,6 +362,11 @@ def segment_tag(job: JobRef, segment: Segment) -> str:
     return f"elastune-segment:{job.job_id}/trial-{segment.trial}/{report_name(segment)}"
 
 
+def job_tag(job_id: str) -> str:
+    """The tag of every warm run of job ``job_id``."""
+    return f"elastune-job:{job_id}"
+
+
 def in_flight(tag: str) -> tuple[UUID, str] | None:
     """The unfinished warm run tagged ``tag`` and its node, if a dead driver left one."""
     unfinished = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
@@ -437,9 +442,8 @@ def launch_warm(
         run, node = None, pool.placer.take(segment.gpus, WORKER_TIMEOUT)
     try:
         if run is None:
-            send = warm_segment.with_options(
-                result_storage=pool.storage, tags={tag, f"node:{node}"}
-            )
+            tags = {tag, job_tag(job.job_id), f"node:{node}"}
+            send = warm_segment.with_options(result_storage=pool.storage, tags=tags)
             send = keyed(send, node_key(pool.name, node))
             arguments = (job, segment, config, run_id, timeout, task_run.run_count)
             run = contextvars.copy_context().run(detached_delay, send, arguments)

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,18 @@ class Cluster:
     def exports(self) -> str:
         return f"export PREFECT_API_URL={self.api}\nexport ELASTUNE_POOL={self.pool}"
 
+    def wait_up(self, timeout: float = 120.0) -> None:
+        """Wait until every node has sent a heartbeat (imports take seconds on a busy box)."""
+        deadline = time.monotonic() + timeout
+        with get_client(sync_client=True) as client:
+            while True:
+                named = {w.name.split("/")[0] for w in client.read_workers_for_work_pool(self.pool)}
+                if named >= {node.name for node in self.nodes}:
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"warm nodes of {self.pool!r} not up after {timeout:g} s")
+                time.sleep(0.3)
+
     def supervise(self, poll: float = 0.5) -> None:
         """Start again every node worker that exits, until the cluster stops."""
         while not self.stopping.wait(poll):
@@ -111,33 +124,45 @@ def running_cluster(
 ) -> Iterator[Cluster]:
     """A server and ``nodes`` warm workers of ``gpus_per_node`` GPUs (CPU slots) each, all
     stopped at exit; this process's Prefect client talks to the server meanwhile."""
-    if nodes < 1 or gpus_per_node <= 0:
-        raise ValueError(f"need nodes >= 1 and gpus_per_node > 0, got {nodes}, {gpus_per_node}")
     with (
         running_server(home / "server") as api,
         temporary_settings({PREFECT_API_URL: api}),
+        warm_nodes(api, home, nodes, gpus_per_node, pool) as cluster,
     ):
-        storage = create_warm_pool(pool, home / "segments")
-        cluster = Cluster(api, pool, [])
-        for index in range(nodes):
-            name = f"node-{index}"
-            command = [sys.executable, "-m", "flows.segment", "--pool", pool, "--node", name]
-            command += ["--gpus", f"{gpus_per_node:g}", "--storage", storage]
-            env = isolated_env(home / name, PREFECT_API_URL=api)
-            (home / name).mkdir(parents=True, exist_ok=True)
-            cluster.nodes.append(NodeProcess(name, command, env, home / name / "worker.log"))
+        yield cluster
+
+
+@contextlib.contextmanager
+def warm_nodes(
+    api: str, home: Path, nodes: int, gpus_per_node: float, pool: str = DEFAULT_POOL
+) -> Iterator[Cluster]:
+    """Create warm pool ``pool`` on the server at ``api`` (this process's client must talk
+    to it) and run ``nodes`` warm workers for it, restarted if they die, stopped at exit."""
+    if nodes < 1 or gpus_per_node <= 0:
+        raise ValueError(f"need nodes >= 1 and gpus_per_node > 0, got {nodes}, {gpus_per_node}")
+    storage = create_warm_pool(pool, home / f"{pool}-segments")
+    cluster = Cluster(api, pool, [])
+    for index in range(nodes):
+        name = f"node-{index}"
+        command = [sys.executable, "-m", "flows.segment", "--pool", pool, "--node", name]
+        command += ["--gpus", f"{gpus_per_node:g}", "--storage", storage]
+        folder = home / f"{pool}-{name}"
+        folder.mkdir(parents=True, exist_ok=True)
+        env = isolated_env(folder, PREFECT_API_URL=api)
+        cluster.nodes.append(NodeProcess(name, command, env, folder / "worker.log"))
+    for node in cluster.nodes:
+        node.start()
+    supervisor = threading.Thread(target=cluster.supervise, daemon=True)
+    supervisor.start()
+    try:
+        cluster.wait_up()
+        yield cluster
+    finally:
+        cluster.stopping.set()
+        supervisor.join()
         for node in cluster.nodes:
-            node.start()
-        supervisor = threading.Thread(target=cluster.supervise, daemon=True)
-        supervisor.start()
-        try:
-            yield cluster
-        finally:
-            cluster.stopping.set()
-            supervisor.join()
-            for node in cluster.nodes:
-                if node.process is not None:
-                    stop_group(node.process, signal.SIGTERM)
+            if node.process is not None:
+                stop_group(node.process, signal.SIGTERM)
 
 
 def main(argv: list[str] | None = None) -> None:
