@@ -28,11 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+from prefect.exceptions import ObjectAlreadyExists
 from prefect.filesystems import LocalFileSystem
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.segment import WARM_TYPE
+from infra.pools import read_pool
 from infra.server import die_with_parent, isolated_env, running_server, stop_group
 
 DEFAULT_POOL = "warm"
@@ -53,12 +55,17 @@ def create_warm_pool(pool: str, storage_dir: Path) -> str:
     """Create warm pool ``pool`` and the block its parameters are stored in (a folder here;
     on ECS, a bucket: docs/ecs.md); returns the block's slug."""
     block = f"{pool}-segments"
-    LocalFileSystem(basepath=str(storage_dir)).save(block, overwrite=True)
+    LocalFileSystem(basepath=str(storage_dir.resolve())).save(block, overwrite=True)
     slug = f"local-file-system/{block}"
+    template = warm_template(slug)
     with get_client(sync_client=True) as client:
-        client.create_work_pool(
-            WorkPoolCreate(name=pool, type=WARM_TYPE, base_job_template=warm_template(slug))
-        )
+        try:
+            client.create_work_pool(
+                WorkPoolCreate(name=pool, type=WARM_TYPE, base_job_template=template)
+            )
+        except ObjectAlreadyExists:  # a server that had this cluster before
+            read_pool(pool, WARM_TYPE)
+            client.update_work_pool(pool, WorkPoolUpdate(base_job_template=template))
     return slug
 
 
@@ -171,13 +178,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpus-per-node", type=float, default=1.0)
     parser.add_argument("--pool", default=DEFAULT_POOL)
     parser.add_argument("--home", type=Path, default=Path(".elastune/cluster"))
+    parser.add_argument("--api", help="a running server's API URL: start no server, only nodes")
     args = parser.parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, through running_cluster's cleanup.
+    # SIGTERM unwinds like Ctrl-C, through the clean-up of the context managers.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    with running_cluster(args.home, args.nodes, args.gpus_per_node, args.pool) as cluster:
-        print(cluster.exports(), flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            threading.Event().wait()
+    if args.api is None:
+        cluster = running_cluster(args.home, args.nodes, args.gpus_per_node, args.pool)
+    else:
+        cluster = on_server(args.api, args.home, args.nodes, args.gpus_per_node, args.pool)
+    with contextlib.suppress(KeyboardInterrupt), cluster as running:
+        print(running.exports(), flush=True)
+        threading.Event().wait()
+
+
+@contextlib.contextmanager
+def on_server(
+    api: str, home: Path, nodes: int, gpus_per_node: float, pool: str
+) -> Iterator[Cluster]:
+    """:func:`warm_nodes` for the server at ``api``."""
+    with (
+        temporary_settings({PREFECT_API_URL: api}),
+        warm_nodes(api, home, nodes, gpus_per_node, pool) as cluster,
+    ):
+        yield cluster
 
 
 if __name__ == "__main__":
