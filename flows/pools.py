@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from prefect import task
+from prefect.blocks.core import Block
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
@@ -275,16 +277,24 @@ class Placer:
         self.pool = pool
         self.held = dict(held or {})
         self.lock = threading.Lock()
+        self._live: tuple[float, list[Node]] = (-math.inf, [])
 
-    def live(self) -> list[Node]:
-        return live_nodes(self.pool)
+    def live(self, fresh: bool = False) -> list[Node]:
+        """The live nodes, as read at most a heartbeat ago unless ``fresh``: one call to
+        the server per segment is a good part of what a segment costs."""
+        read_at, nodes = self._live
+        if fresh or time.monotonic() - read_at > HEARTBEAT_SECONDS:
+            nodes = live_nodes(self.pool)
+            self._live = (time.monotonic(), nodes)
+        return nodes
 
     def take(self, gpus: float, timeout: float) -> str:
         """The node ``gpus`` GPUs go to, now held; :class:`WorkerLost` when no live node
         has room within ``timeout`` s."""
         deadline = time.monotonic() + timeout
+        fresh = False
         while True:
-            capacity = {node.name: node.gpus for node in self.live()}
+            capacity = {node.name: node.gpus for node in self.live(fresh)}
             names = sorted(capacity)
             with self.lock:
                 free = [capacity[name] - self.held.get(name, 0.0) for name in names]
@@ -298,6 +308,7 @@ class Placer:
                     f"within {timeout:g} s"
                 )
             time.sleep(POLL_SECONDS)
+            fresh = True
 
     def hold(self, node: str, gpus: float) -> None:
         self.held[node] = self.held.get(node, 0.0) + gpus
@@ -316,12 +327,22 @@ class Placer:
 
 @dataclass(frozen=True)
 class WarmPool(PoolTarget):
-    """A pool of warm node workers: where segment parameters are stored, and placement."""
+    """A pool of warm node workers: where segment parameters are stored, placement, and
+    the runs a dead driver left unfinished, by job (read once per job)."""
 
     name: str
-    storage: str
+    storage: Block
     backend: PoolBackend
     placer: Placer
+    left: dict[str, dict[str, tuple[UUID, str]]] = field(default_factory=dict)
+
+    def left_by(self, job_id: str) -> dict[str, tuple[UUID, str]]:
+        """The unfinished warm runs of job ``job_id`` its predecessor left, by segment tag;
+        a launch takes its own out."""
+        with self.placer.lock:
+            if job_id not in self.left:
+                self.left[job_id] = unfinished(job_id)
+            return self.left[job_id]
 
     def submit(
         self,
@@ -344,6 +365,7 @@ def open_warm_pool(pool: str, template: dict[str, Any]) -> WarmPool:
             "(create it with `python -m infra.local_cluster` or docs/ecs.md)"
         )
     backend = make_backend("local", pool, pool_type=WARM_TYPE)
+    block = Block.load(storage["default"])
     backend.check()
     placer = Placer(pool)
     deadline = time.monotonic() + WORKER_TIMEOUT
@@ -354,7 +376,7 @@ def open_warm_pool(pool: str, template: dict[str, Any]) -> WarmPool:
                 f"{WORKER_TIMEOUT:g} s; start one with `python -m flows.segment --pool {pool}`"
             )
         time.sleep(POLL_SECONDS)
-    return WarmPool(pool, storage["default"], backend, placer)
+    return WarmPool(pool, block, backend, placer)
 
 
 def segment_tag(job: JobRef, segment: Segment) -> str:
@@ -367,21 +389,21 @@ def job_tag(job_id: str) -> str:
     return f"elastune-job:{job_id}"
 
 
-def in_flight(tag: str) -> tuple[UUID, str] | None:
-    """The unfinished warm run tagged ``tag`` and its node, if a dead driver left one."""
-    unfinished = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
+def unfinished(job_id: str) -> dict[str, tuple[UUID, str]]:
+    """The unfinished warm runs of job ``job_id`` and their nodes, by segment tag."""
+    states = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(
             task_run_filter=TaskRunFilter(
-                tags=TaskRunFilterTags(all_=[tag]),
-                state=TaskRunFilterState(type=TaskRunFilterStateType(any_=unfinished)),
+                tags=TaskRunFilterTags(all_=[job_tag(job_id)]),
+                state=TaskRunFilterState(type=TaskRunFilterStateType(any_=states)),
             )
         )
+    found = {}
     for run in runs:
-        nodes = [t.removeprefix("node:") for t in run.tags if t.startswith("node:")]
-        if nodes:
-            return run.id, nodes[0]
-    return None
+        tags = {t.split(":", 1)[0]: t for t in run.tags}
+        found[tags["elastune-segment"]] = (run.id, tags["node"].removeprefix("node:"))
+    return found
 
 
 def detached_delay(send: Task[..., Any], arguments: tuple[Any, ...]) -> UUID:
@@ -433,7 +455,7 @@ def launch_warm(
 ) -> SegmentReport:
     tag = segment_tag(job, segment)
     # A driver resumed while its predecessor's segment still runs waits for that run.
-    found = in_flight(tag)
+    found = pool.left_by(job.job_id).pop(tag, None)
     if found is not None:
         run, node = found
         with pool.placer.lock:

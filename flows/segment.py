@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from prefect import flow, task
+from prefect.blocks.core import Block
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.task_worker import StopTaskWorker, TaskWorker
@@ -140,7 +141,9 @@ async def serve(pool: str, node: Node, storage: str) -> None:
     # Threads share the cores: each of the node's slots gets its slice.
     torch.set_num_threads(max(1, torch.get_num_threads() // max(1, round(node.gpus))))
     key = node_key(pool, node.name)
-    worker = TaskWorker(keyed(warm_segment.with_options(result_storage=storage), key), limit=None)
+    # The block is read once, not once per segment.
+    block = await Block.aload(storage)
+    worker = TaskWorker(keyed(warm_segment.with_options(result_storage=block), key), limit=None)
     for served in worker.tasks:  # TaskWorker re-derives the key when it copies the task
         keyed(served, key)
     stop = threading.Event()
