@@ -12,8 +12,9 @@ On one Prefect server on loopback (``infra.local_cluster``), with 2 slots each w
   epochs per second, and warm over local.
 
 Run: ``python benchmarks/dispatch.py`` (``--quick`` for a small run that proves it works);
-writes ``benchmarks/results/dispatch.json``. The cost planner's per-segment overhead for
-warm pools is the ``warm`` figure (docs/prefect-server.md §3).
+writes ``benchmarks/results/dispatch.json``. The cost planner prices a segment's overhead
+from the job's ``profile.overhead_s`` (docs/job-file.md): on a warm pool, add the ``warm``
+figure to it.
 """
 
 from __future__ import annotations

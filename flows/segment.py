@@ -1,9 +1,9 @@
 """Where a work-pool segment trains: a warm node worker (``warm_segment``) or a flow run.
 
-Warm workers (docs/prefect-server.md §3): each node runs one long-lived Prefect task worker,
-``python -m flows.segment --pool POOL --node NAME --gpus G``, that serves the background
-task ``warm-segment`` under a task key of its own (:func:`node_key`), so the driver decides
-which node a segment goes to. Segments run in threads of that process: imports, data and a
+Warm workers (docs/prefect-server.md, "A job in work-pool mode"): each node runs one
+long-lived Prefect task worker, ``python -m flows.segment --pool POOL --node NAME --gpus G``,
+that serves the background task ``warm-segment`` under a task key of its own
+(:func:`node_key`), so the driver decides which node a segment goes to. Segments run in threads of that process: imports, data and a
 CUDA context are paid once per node. The node also heartbeats to the work pool as a Prefect
 worker named after itself, its GPUs and its process (:class:`Node`): that is how the driver
 finds live nodes and notices a dead one.

@@ -1,5 +1,5 @@
 """A warm cluster on this machine: a Prefect server on loopback and N warm node workers
-(docs/prefect-server.md §3).
+(docs/prefect-server.md, "Workers").
 
 ``python -m infra.local_cluster --nodes 2 --gpus-per-node 1`` starts them, prints the
 ``export`` lines that point a job at them (``elastune run JOB --pool $ELASTUNE_POOL``) and
