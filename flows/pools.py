@@ -4,7 +4,8 @@ through an infra backend (:class:`PoolSizer`).
 The pool's type picks how (docs/prefect-server.md, "A job in work-pool mode"): on a warm
 pool (type ``elastune-warm``, :class:`WarmPool`) each segment is a background task run
 sent to the warm worker of the node it is placed on; on a process or ECS pool
-(:class:`FlowRunPool`) it is a flow run of the pool's ``train-segment`` deployment, a fresh process per segment.
+(:class:`FlowRunPool`) it is a flow run of the pool's ``train-segment`` deployment, a
+fresh process per segment.
 """
 
 from __future__ import annotations

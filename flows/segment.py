@@ -3,10 +3,11 @@
 Warm workers (docs/prefect-server.md, "A job in work-pool mode"): each node runs one
 long-lived Prefect task worker, ``python -m flows.segment --pool POOL --node NAME --gpus G``,
 that serves the background task ``warm-segment`` under a task key of its own
-(:func:`node_key`), so the driver decides which node a segment goes to. Segments run in threads of that process: imports, data and a
-CUDA context are paid once per node. The node also heartbeats to the work pool as a Prefect
-worker named after itself, its GPUs and its process (:class:`Node`): that is how the driver
-finds live nodes and notices a dead one.
+(:func:`node_key`), so the driver decides which node a segment goes to. Segments run in
+threads of that process: imports, data and a CUDA context are paid once per node. The
+node also heartbeats to the work pool as a Prefect worker named after itself, its GPUs and
+its process (:class:`Node`): that is how the driver finds live nodes and notices a dead
+one.
 
 The flow-run mode (process and ECS pools): the tune flow launches ``train-segment`` through
 the pool's deployment, one flow run (a fresh process) per segment.
@@ -132,14 +133,16 @@ def heartbeat(pool: str, node: Node, stop: threading.Event) -> None:
             stop.wait(HEARTBEAT_SECONDS)
 
 
-async def serve(pool: str, node: Node, storage: str) -> None:
+async def serve(pool: str, node: Node, storage: str, threads: int | None = None) -> None:
     """Run ``node``'s warm worker until cancelled: segments sent to its key, any number at
-    once (the driver places no more than the node's GPUs hold)."""
+    once (the driver places no more than the node's GPUs hold). ``threads``: torch's
+    threads per segment; default, the machine's cores shared by the node's slots."""
     global _devices
     count = cuda_devices()
     _devices = LocalDevices(count) if count else None
-    # Threads share the cores: each of the node's slots gets its slice.
-    torch.set_num_threads(max(1, torch.get_num_threads() // max(1, round(node.gpus))))
+    # Threads share the cores: more threads than cores make torch's workers spin-wait.
+    slots = max(1, round(node.gpus))
+    torch.set_num_threads(threads or max(1, torch.get_num_threads() // slots))
     key = node_key(pool, node.name)
     # The block is read once, not once per segment.
     block = await Block.aload(storage)
@@ -161,10 +164,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--node", required=True, help="this node's name, unique in the pool")
     parser.add_argument("--gpus", type=float, required=True, help="GPUs (CPU slots) offered")
     parser.add_argument("--storage", required=True, help="block slug for segment parameters")
+    parser.add_argument("--threads", type=int, help="torch threads per segment")
     args = parser.parse_args(argv)
     # SIGTERM (the cluster stopping) ends the worker through StopTaskWorker: a clean exit.
     with contextlib.suppress(StopTaskWorker):
-        asyncio.run(serve(args.pool, Node(args.node, args.gpus, os.getpid()), args.storage))
+        node = Node(args.node, args.gpus, os.getpid())
+        asyncio.run(serve(args.pool, node, args.storage, args.threads))
 
 
 if __name__ == "__main__":

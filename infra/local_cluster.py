@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
+import os
 import signal
 import subprocess
 import sys
@@ -148,11 +150,14 @@ def warm_nodes(
     if nodes < 1 or gpus_per_node <= 0:
         raise ValueError(f"need nodes >= 1 and gpus_per_node > 0, got {nodes}, {gpus_per_node}")
     storage = create_warm_pool(pool, home / f"{pool}-segments")
+    # The nodes share this machine's cores, as local mode's workers share the driver's.
+    threads = max(1, (os.cpu_count() or 1) // math.ceil(nodes * gpus_per_node))
     cluster = Cluster(api, pool, [])
     for index in range(nodes):
         name = f"node-{index}"
         command = [sys.executable, "-m", "flows.segment", "--pool", pool, "--node", name]
         command += ["--gpus", f"{gpus_per_node:g}", "--storage", storage]
+        command += ["--threads", str(threads)]
         folder = home / f"{pool}-{name}"
         folder.mkdir(parents=True, exist_ok=True)
         env = isolated_env(folder, PREFECT_API_URL=api)
