@@ -274,9 +274,9 @@ class Placer:
     """Places segments on the live nodes of a warm pool, best fit (the rule of
     planners/staging/placement.py), counting the GPUs this driver's segments hold."""
 
-    def __init__(self, pool: str, held: dict[str, float] | None = None) -> None:
+    def __init__(self, pool: str) -> None:
         self.pool = pool
-        self.held = dict(held or {})
+        self.held: dict[str, float] = {}
         self.lock = threading.Lock()
         self._live: tuple[float, list[Node]] = (-math.inf, [])
 
@@ -317,13 +317,6 @@ class Placer:
     def give(self, node: str, gpus: float) -> None:
         with self.lock:
             self.held[node] -= gpus
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A delayed run carries its launcher's context, this placer in it; the lock stays.
-        return {"pool": self.pool, "held": dict(self.held)}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)
 
 
 @dataclass(frozen=True)
