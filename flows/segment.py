@@ -44,7 +44,8 @@ from prefect.utilities.timeout import timeout as time_limit
 
 from planners.search import Segment
 from planners.staging.devices import LocalDevices
-from tasks.train import JobRef, cuda_devices, run_segment
+from tasks.tracking import Tracker
+from tasks.train import JobRef, SegmentReport, cuda_devices, report_name, run_segment
 
 FLOW_NAME = "train-segment"
 WARM_TYPE = "elastune-warm"  # work-pool type of a cluster of warm node workers
@@ -112,6 +113,11 @@ def warm_segment(
         # Like local mode: the limit interrupts a trainable stuck in Python code.
         with time_limit(timeout):
             run_segment(job, segment, config, run_id, gpu_ids=ids)
+    except TimeoutError:
+        # The trial fails as in local mode; the driver reads this report.
+        failure = SegmentReport.failure(segment, f"timeout: segment ran over {timeout:g} s")
+        tracker = Tracker(job.mlflow_uri, job.experiment)
+        tracker.save_report(run_id, report_name(segment), failure.to_dict())
     finally:
         if _devices is not None:
             with _devices_lock:

@@ -73,6 +73,31 @@ def test_segments_run_on_warm_nodes_one_per_free_slot(
     assert_sized_and_recorded("warm", summary, tmp_path)
 
 
+def test_a_hung_segment_on_a_warm_node_times_out_and_frees_its_node(
+    prefect_api, tmp_path, stores, capsys
+) -> None:
+    job = write_job(
+        tmp_path,
+        trainable="tests.trainables:hangs_for_small_x",
+        sampler={"name": "random", "seed": 1},
+        scheduler={"name": "random", "max_resource": 1, "max_trials": 8},
+        compute={"workers": 2, "segment_timeout": "2s"},
+    )
+    with warm_nodes(prefect_api, tmp_path / "cluster", nodes=2, gpus_per_node=1, pool="hung"):
+        code = main(["run", job, "--pool", "hung", "--json", *stores])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary = json.loads(out)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("pooled").experiment_id
+    failed = client.search_runs([experiment], "tags.`elastune.status` = 'fail'")
+    assert failed, "the seed must draw some x < 0.3"
+    errors = [r.data.tags["elastune.error"] for r in failed]
+    assert all("timeout: segment ran over 2 s" in e for e in errors), errors
+    # The nodes were free again: the trials after the hung ones trained.
+    assert summary["best"] is not None
+
+
 def test_segments_run_as_flow_runs_and_the_limit_follows_the_plan(
     prefect_api, tmp_path, stores, capsys
 ) -> None:
