@@ -1,6 +1,6 @@
 """A job's segments in flight: each submitted as a Prefect task run, training in the
-driver's process (the local pool) or as a flow run on a work pool, and collected in the
-order they finish.
+driver's process (the local pool) or on a work pool's workers (flows/pools.py), and
+collected in the order they finish.
 
 A segment that fails to produce a report (its worker was lost on every retry, or it ran
 over ``compute.segment_timeout``) comes back as a failed report: its trial fails, the job
@@ -14,7 +14,8 @@ from typing import Any
 from prefect.futures import PrefectFuture, as_completed
 from prefect.task_engine import TaskRunTimeoutError
 
-from flows.pools import PoolTarget, WorkerLost, launch_segment
+from flows.pools import PoolTarget
+from flows.segment import WorkerLost
 from planners.search.schedulers.base import Segment
 from planners.staging.devices import LocalDevices
 from tasks.train import JobRef, SegmentReport, train_segment
@@ -57,9 +58,8 @@ class Launcher:
             ids = None if self.assigned is None else self.assigned.take(segment.trial, segment.gpus)
             future = train.submit(self.ref, segment, config, run_id, ids)
         else:
-            variables = self.pool.job_variables(segment.gpus, instance_type)
-            future = launch_segment.submit(
-                self.pool.deployment, self.ref, segment, config, run_id, variables, self.timeout
+            future = self.pool.submit(
+                self.ref, segment, config, run_id, instance_type, self.timeout
             )
         self._flight[future] = segment
 

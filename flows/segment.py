@@ -1,22 +1,83 @@
-"""The ``train-segment`` flow: one segment on whichever worker of a work pool picks it up.
+"""Where a work-pool segment trains: a warm node worker (``warm_segment``) or a flow run.
 
-In work-pool mode the tune flow launches this flow through the ``train-segment``
-deployment of the pool. Checkpoints and the segment's report travel through the MLflow
-artifact store, so any worker can resume any trial and the tune flow reads the result
-from the same place.
+Warm workers (docs/prefect-server.md, "A job in work-pool mode"): each node runs one
+long-lived Prefect task worker, ``python -m flows.segment --pool POOL --node NAME --gpus G``,
+that serves the background task ``warm-segment`` under a task key of its own
+(:func:`node_key`), so the driver decides which node a segment goes to. Segments run in
+threads of that process: imports, data and a CUDA context are paid once per node. The
+node also heartbeats to the work pool as a Prefect worker named after itself, its GPUs and
+its process (:class:`Node`): that is how the driver finds live nodes and notices a dead
+one.
+
+The flow-run mode (process and ECS pools): the tune flow launches ``train-segment`` through
+the pool's deployment, one flow run (a fresh process) per segment.
+
+Checkpoints and the segment's report travel through the MLflow artifact store in both modes,
+so any node can resume any trial and the driver reads the result from the same place.
+
+Example (a node's worker name, and back):
+    >>> node = Node("node-0", 2.0, 4242)
+    >>> node.worker_name, Node.parse(node.worker_name) == node
+    ('node-0/2/4242', True)
+    >>> node_key("warm", "node-0")
+    'elastune-segment/warm/node-0'
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import argparse
+import asyncio
+import contextlib
+import os
+import threading
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from prefect import flow
+import torch
+from prefect import flow, task
+from prefect.blocks.core import Block
+from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.task_worker import StopTaskWorker, TaskWorker
+from prefect.tasks import Task
+from prefect.utilities.timeout import timeout as time_limit
 
 from planners.search import Segment
-from tasks.train import JobRef, run_segment
+from planners.staging.devices import LocalDevices
+from tasks.tracking import Tracker
+from tasks.train import JobRef, SegmentReport, cuda_devices, report_name, run_segment
 
 FLOW_NAME = "train-segment"
+WARM_TYPE = "elastune-warm"  # work-pool type of a cluster of warm node workers
+HEARTBEAT_SECONDS = 1  # a node is dead once 3 heartbeats are missed (Prefect's own rule)
+
+
+class WorkerLost(RuntimeError):
+    """A segment ended without a report: its worker, node or instance died."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """A warm worker: its node's name, the GPUs (CPU slots) it offers and its process id
+    (a restarted worker is a new incarnation: what the dead one ran is lost)."""
+
+    name: str
+    gpus: float
+    pid: int
+
+    @property
+    def worker_name(self) -> str:
+        return f"{self.name}/{self.gpus:g}/{self.pid}"
+
+    @classmethod
+    def parse(cls, worker_name: str) -> Node:
+        name, gpus, pid = worker_name.rsplit("/", 2)
+        return cls(name, float(gpus), int(pid))
+
+
+def node_key(pool: str, node: str) -> str:
+    """The task key a node serves: a segment sent under it runs on that node only."""
+    return f"elastune-segment/{pool}/{node}"
 
 
 @flow(name=FLOW_NAME, flow_run_name="{job[job_id]} trial-{segment[trial]}")
@@ -28,3 +89,94 @@ def train_segment_flow(
 
 def flow_parameters(job: JobRef, segment: Segment, config: dict[str, Any], run_id: str) -> dict:
     return {"job": asdict(job), "segment": asdict(segment), "config": config, "run_id": run_id}
+
+
+# The node's devices, set once by serve(); None on a machine without CUDA.
+_devices: LocalDevices | None = None
+_devices_lock = threading.Lock()
+
+
+@task(name="warm-segment", cache_policy=NO_CACHE)
+def warm_segment(
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    timeout: float | None,
+    attempt: int,
+) -> None:
+    """Train one segment on this node; the report goes to MLflow, where the driver reads it.
+    ``attempt`` makes each launch's inputs unique, so no cache ever answers for a retry."""
+    with _devices_lock:
+        ids = None if _devices is None else _devices.take(segment.trial, segment.gpus)
+    try:
+        # Like local mode: the limit interrupts a trainable stuck in Python code.
+        with time_limit(timeout):
+            run_segment(job, segment, config, run_id, gpu_ids=ids)
+    except TimeoutError:
+        # The trial fails as in local mode; the driver reads this report.
+        failure = SegmentReport.failure(segment, f"timeout: segment ran over {timeout:g} s")
+        tracker = Tracker(job.mlflow_uri, job.experiment)
+        tracker.save_report(run_id, report_name(segment), failure.to_dict())
+    finally:
+        if _devices is not None:
+            with _devices_lock:
+                _devices.release(segment.trial)
+
+
+def keyed(segment_task: Task[..., Any], key: str) -> Task[..., Any]:
+    """``segment_task`` under task key ``key`` (Prefect derives keys from the function, so
+    every node's runs would otherwise share one queue)."""
+    segment_task.task_key = key
+    return segment_task
+
+
+def heartbeat(pool: str, node: Node, stop: threading.Event) -> None:
+    """Tell the pool this node is alive, every :data:`HEARTBEAT_SECONDS`, until ``stop``."""
+    with get_client(sync_client=True) as client:
+        while not stop.is_set():
+            client.send_worker_heartbeat(pool, node.worker_name, HEARTBEAT_SECONDS)
+            stop.wait(HEARTBEAT_SECONDS)
+
+
+async def serve(pool: str, node: Node, storage: str, threads: int | None = None) -> None:
+    """Run ``node``'s warm worker until cancelled: segments sent to its key, any number at
+    once (the driver places no more than the node's GPUs hold). ``threads``: torch's
+    threads per segment; default, the machine's cores shared by the node's slots."""
+    global _devices
+    count = cuda_devices()
+    _devices = LocalDevices(count) if count else None
+    # Threads share the cores: more threads than cores make torch's workers spin-wait.
+    slots = max(1, round(node.gpus))
+    torch.set_num_threads(threads or max(1, torch.get_num_threads() // slots))
+    key = node_key(pool, node.name)
+    # The block is read once, not once per segment.
+    block = await Block.aload(storage)
+    worker = TaskWorker(keyed(warm_segment.with_options(result_storage=block), key), limit=None)
+    for served in worker.tasks:  # TaskWorker re-derives the key when it copies the task
+        keyed(served, key)
+    stop = threading.Event()
+    beat = threading.Thread(target=heartbeat, args=(pool, node, stop), daemon=True)
+    beat.start()
+    try:
+        await worker.start()
+    finally:
+        stop.set()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="One node's warm segment worker.")
+    parser.add_argument("--pool", required=True, help="the warm work pool (type elastune-warm)")
+    parser.add_argument("--node", required=True, help="this node's name, unique in the pool")
+    parser.add_argument("--gpus", type=float, required=True, help="GPUs (CPU slots) offered")
+    parser.add_argument("--storage", required=True, help="block slug for segment parameters")
+    parser.add_argument("--threads", type=int, help="torch threads per segment")
+    args = parser.parse_args(argv)
+    # SIGTERM (the cluster stopping) ends the worker through StopTaskWorker: a clean exit.
+    with contextlib.suppress(StopTaskWorker):
+        node = Node(args.node, args.gpus, os.getpid())
+        asyncio.run(serve(args.pool, node, args.storage, args.threads))
+
+
+if __name__ == "__main__":
+    main()

@@ -10,6 +10,7 @@ fixture that shares one server across a test session is in ``tests/prefect_serve
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -41,6 +42,14 @@ def isolated_env(home: Path, **extra: str) -> dict[str, str]:
         **extra,
     )
     return env
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: the child gets SIGTERM when the process that started it dies, even
+    by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere a no-op)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def stop_group(process: subprocess.Popen, first: int, grace: float = 10.0) -> None:
@@ -77,7 +86,12 @@ def running_server(home: Path, port: int | None = None, ui: bool = False) -> Ite
     env = isolated_env(home, PREFECT_UI_ENABLED=str(ui).lower(), PREFECT_UI_API_URL=api)
     with log.open("w") as out:
         process = subprocess.Popen(
-            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
     try:
         wait_healthy(process, f"{api}/health", SERVER_START_TIMEOUT, log)

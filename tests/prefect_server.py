@@ -4,7 +4,8 @@ The fixture ``prefect_api`` wraps ``infra.server.running_server`` for a whole se
 points this process's Prefect client at it; import it into a test module or ``conftest.py``
 to share it (``from tests.prefect_server import prefect_api  # noqa: F401``).
 ``running_worker`` is re-exported for the tests that start a process worker;
-``segment_runs`` lists one job's segments on a work pool.
+``segment_runs`` lists one job's segments on a work pool (flow runs, or the background task
+runs of a warm pool); ``warm_nodes`` starts a warm pool's node workers.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from infra.local_cluster import warm_nodes
 from infra.server import running_server, running_worker
 
-__all__ = ["prefect_api", "running_server", "running_worker", "segment_runs"]
+__all__ = ["prefect_api", "running_server", "running_worker", "segment_runs", "warm_nodes"]
 
 
 @pytest.fixture(scope="session")
@@ -28,11 +30,20 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield api
 
 
-def segment_runs(job_id: str) -> list:
-    """The job's ``train-segment`` flow runs (the server is shared by the session's jobs)."""
+def segment_runs(job_id: str, warm: bool = False) -> list:
+    """The job's ``train-segment`` flow runs, or with ``warm`` its warm task runs, oldest
+    first (the server is shared by the session's jobs)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter
+    from prefect.client.schemas.filters import FlowFilter, TaskRunFilter, TaskRunFilterTags
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    from flows.pools import job_tag
 
     with get_client(sync_client=True) as client:
+        if warm:
+            return client.read_task_runs(
+                task_run_filter=TaskRunFilter(tags=TaskRunFilterTags(all_=[job_tag(job_id)])),
+                sort=TaskRunSort.EXPECTED_START_TIME_ASC,
+            )
         runs = client.read_flow_runs(flow_filter=FlowFilter(name={"any_": ["train-segment"]}))
     return [r for r in runs if r.name.startswith(job_id)]

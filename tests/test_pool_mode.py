@@ -1,7 +1,10 @@
-"""Work-pool mode against a real `prefect server` and `prefect worker --type process`."""
+"""Work-pool mode against a real `prefect server`: warm node workers (`flows/segment.py`,
+started as `infra.local_cluster` does), and a flow run per segment on `prefect worker --type
+process`."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -12,8 +15,9 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 
 from flows.cli import main
+from infra.local_cluster import create_warm_pool
 from infra.pools import read_pool
-from tests.prefect_server import running_worker, segment_runs
+from tests.prefect_server import running_worker, segment_runs, warm_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
@@ -39,7 +43,62 @@ def write_job(tmp_path, **changes) -> str:
     return str(path)
 
 
-def test_segments_run_on_the_pool_and_its_limit_follows_the_plan(
+def test_segments_run_on_warm_nodes_one_per_free_slot(
+    prefect_api, tmp_path, stores, capsys, monkeypatch
+) -> None:
+    # Epochs that take a while, so that two segments on one node would overlap.
+    monkeypatch.setenv("ELASTUNE_TEST_PIDS", str(tmp_path / "pids.log"))
+    monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.5")
+    job = write_job(tmp_path, trainable="tests.trainables:pid_logged_quadratic")
+    with warm_nodes(prefect_api, tmp_path / "cluster", nodes=2, gpus_per_node=1, pool="warm"):
+        code = main(["run", job, "--pool", "warm", "--json", *stores])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "pool: warm, warm workers on" in err
+    summary = json.loads(out)
+    assert summary["segments"] == 4 and summary["best"] is not None
+
+    # Each segment was a background task run on a node; a node of 1 slot never ran two at
+    # once, and the 2 workers the job had used both nodes.
+    ours = segment_runs(summary["job_id"], warm=True)
+    assert sorted(r.state_name for r in ours) == ["Completed"] * 4
+    nodes: dict[str, list] = {}
+    for run in ours:
+        (node,) = [t for t in run.tags if t.startswith("node:")]
+        nodes.setdefault(node, []).append((run.start_time, run.end_time))
+    assert sorted(nodes) == ["node:node-0", "node:node-1"]
+    for spans in nodes.values():
+        spans.sort()
+        assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans)), spans
+    assert_sized_and_recorded("warm", summary, tmp_path)
+
+
+def test_a_hung_segment_on_a_warm_node_times_out_and_frees_its_node(
+    prefect_api, tmp_path, stores, capsys
+) -> None:
+    job = write_job(
+        tmp_path,
+        trainable="tests.trainables:hangs_for_small_x",
+        sampler={"name": "random", "seed": 1},
+        scheduler={"name": "random", "max_resource": 1, "max_trials": 8},
+        compute={"workers": 2, "segment_timeout": "2s"},
+    )
+    with warm_nodes(prefect_api, tmp_path / "cluster", nodes=2, gpus_per_node=1, pool="hung"):
+        code = main(["run", job, "--pool", "hung", "--json", *stores])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary = json.loads(out)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("pooled").experiment_id
+    failed = client.search_runs([experiment], "tags.`elastune.status` = 'fail'")
+    assert failed, "the seed must draw some x < 0.3"
+    errors = [r.data.tags["elastune.error"] for r in failed]
+    assert all("timeout: segment ran over 2 s" in e for e in errors), errors
+    # The nodes were free again: the trials after the hung ones trained.
+    assert summary["best"] is not None
+
+
+def test_segments_run_as_flow_runs_and_the_limit_follows_the_plan(
     prefect_api, tmp_path, stores, capsys
 ) -> None:
     create_pool("train-pool")
@@ -53,15 +112,18 @@ def test_segments_run_on_the_pool_and_its_limit_follows_the_plan(
     # Each segment was a flow run of the pool's train-segment deployment.
     ours = segment_runs(summary["job_id"])
     assert sorted(r.state_name for r in ours) == ["Completed"] * 4
+    assert_sized_and_recorded("train-pool", summary, tmp_path)
 
-    # The pool's limit followed the plan stage by stage: 3 trials at rung 0 but 2 workers,
-    # then 1 trial; and was put back afterwards.
+
+def assert_sized_and_recorded(pool: str, summary: dict, tmp_path) -> None:
+    """The pool's limit followed the plan stage by stage: 3 trials at rung 0 but 2 workers,
+    then 1 trial; and was put back afterwards. Results and checkpoints came back through
+    MLflow."""
     sizing = Artifact.get(f"{summary['job_id']}-pool-sizing")
     rows = [(r["stage"], r["after"]) for r in json.loads(sizing.data)]
     assert rows == [("b0-r0", 2), ("b0-r1", 1), ("release", "none")]
-    assert read_pool("train-pool").concurrency_limit is None
+    assert read_pool(pool).concurrency_limit is None
 
-    # Results and checkpoints came back through MLflow.
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     finalist = client.get_run(
         client.search_runs(
@@ -83,13 +145,16 @@ def test_segments_run_on_the_pool_and_its_limit_follows_the_plan(
         ("no-such-pool", None, "work pool 'no-such-pool' not found"),
         ("ecs-pool", "ecs", "compute.ecs"),
         ("idle-pool", "process", "no worker polled work pool 'idle-pool'"),
+        ("idle-warm", "elastune-warm", "no warm worker of pool 'idle-warm' alive"),
     ],
 )
 def test_pool_mistakes_are_bad_input(
     pool, pool_type, message, tmp_path, stores, capsys, monkeypatch
 ) -> None:
     monkeypatch.setattr("flows.pools.WORKER_TIMEOUT", 2.0)
-    if pool_type:
+    if pool_type == "elastune-warm":
+        create_warm_pool(pool, tmp_path / "segments")
+    elif pool_type:
         create_pool(pool, pool_type)
     code = main(["run", write_job(tmp_path), "--pool", pool, *stores])
     err = capsys.readouterr().err.strip().splitlines()

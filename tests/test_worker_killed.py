@@ -1,12 +1,13 @@
 """Killed processes in work-pool mode: the process training a segment dies (SIGKILL)
 mid-segment, the segment is retried from the trial's last checkpoint and the job completes.
 
-A real `prefect server` and `prefect worker --type process`: each segment is a flow run in a
-subprocess of the worker, which is the process killed here, as a preempted instance would be.
-A segment killed after its last checkpoint but before its report is retried and recovers
-its metrics from MLflow. A driver killed while a segment runs on the pool resumes without
-running that segment again: the resumed driver records the report the segment saved, or,
-resumed while the segment still trains, waits for that same flow run.
+A real `prefect server` and a warm pool of two nodes (`infra.local_cluster.warm_nodes`):
+each segment is a background task run in a node's warm worker, which is the process killed
+here, as a preempted instance would be; the other node (or the node's restarted worker)
+retries it. A segment killed after its last checkpoint but before its report is retried and
+recovers its metrics from MLflow. A driver killed while a segment runs on the pool resumes
+without running that segment again: the resumed driver records the report the segment
+saved, or, resumed while the segment still trains, waits for that same run.
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.schemas.filters import FlowRunFilter, TaskRunFilter
 
 from flows.cli import main
 from planners.search import Segment
 from tasks.tracking import Tracker
 from tasks.train import JobRef, report_name, run_segment
-from tests.prefect_server import running_worker, segment_runs
+from tests.prefect_server import segment_runs, warm_nodes
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,17 +74,15 @@ def kill_when_epoch_starts(log: Path, epoch: int, timeout: float = 240) -> int:
 
 @pytest.fixture(scope="module")
 def worker_log(prefect_api, tmp_path_factory) -> Iterator[Path]:
-    """A process pool with one worker for the module; the file its training processes log
+    """A warm pool of two 1-slot nodes for the module; the file its training processes log
     ``pid trial epoch`` to."""
     home = tmp_path_factory.mktemp("preemptible")
     log = home / "epochs.log"
     with pytest.MonkeyPatch.context() as env:
-        # The worker hands its environment to the flow-run processes it starts.
+        # The node workers inherit this environment.
         env.setenv("ELASTUNE_TEST_PIDS", str(log))
         env.setenv("ELASTUNE_TEST_EPOCH_SECONDS", str(EPOCH_SECONDS))
-        with get_client(sync_client=True) as client:
-            client.create_work_pool(WorkPoolCreate(name=POOL, type="process"))
-        with running_worker(prefect_api, POOL, home / "worker"):
+        with warm_nodes(prefect_api, home / "cluster", nodes=2, gpus_per_node=1, pool=POOL):
             yield log
 
 
@@ -127,17 +126,18 @@ def test_killed_worker_process_is_retried_from_the_checkpoint(
     assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 2.0), (3, 3.0)]
     assert run.data.tags["elastune.status"] == "complete"
 
-    # Prefect saw it: the killed flow run crashed, and its launch-segment task run retried
-    # once and completed.
-    ours = segment_runs(summary["job_id"])
-    with get_client(sync_client=True) as prefect:
-        # run_deployment records each flow run under a placeholder task run whose parent
-        # is the launch-segment task run that called it: one caller for both attempts.
-        placeholders = [prefect.read_task_run(r.parent_task_run_id) for r in ours]
-        (launcher,) = {p.task_inputs["__parents__"][0].id for p in placeholders}
-        task = prefect.read_task_run(launcher)
+    # Prefect saw it: the killed run crashed, and its launch-segment task run in the job's
+    # flow run retried once and completed.
+    ours = segment_runs(summary["job_id"], warm=True)
     assert sorted(r.state_name for r in ours) == ["Completed", "Crashed"]
-    assert task.name == "trial-0 0→3"
+    with get_client(sync_client=True) as prefect:
+        (job_run,) = prefect.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name={"any_": [summary["job_id"]]})
+        )
+        (task,) = prefect.read_task_runs(
+            flow_run_filter=FlowRunFilter(id={"any_": [job_run.id]}),
+            task_run_filter=TaskRunFilter(name={"any_": ["trial-0 0→3"]}),
+        )
     assert task.state_name == "Completed" and task.run_count == 2
 
 
@@ -222,7 +222,7 @@ def test_driver_killed_while_a_pool_segment_runs_resumes_without_rerunning_it(
 
     # The segment goes on without its driver and finishes, saving its report.
     def states() -> list[str]:
-        return [r.state_name for r in segment_runs(job_id)]
+        return [r.state_name for r in segment_runs(job_id, warm=True)]
 
     while time.monotonic() < deadline and states() != ["Completed"]:
         time.sleep(0.5)
@@ -235,7 +235,7 @@ def test_driver_killed_while_a_pool_segment_runs_resumes_without_rerunning_it(
     assert resumed.returncode == 0, err
     summary = json.loads(out)
     assert summary["segments"] == 1 and summary["best"] is not None
-    assert len(segment_runs(job_id)) == 1, "the finished segment ran again"
+    assert len(segment_runs(job_id, warm=True)) == 1, "the finished segment ran again"
 
 
 def test_driver_resumed_while_its_pool_segment_still_runs_waits_for_it(
@@ -273,7 +273,7 @@ def test_driver_resumed_while_its_pool_segment_still_runs_waits_for_it(
             resumed.kill()
             raise AssertionError(resumed.communicate()[1][-4000:])
         time.sleep(3)  # ...and had it created a twin, the worker would have started it by now
-        runs = segment_runs(job_id)
+        runs = segment_runs(job_id, warm=True)
         assert [r.state_name for r in runs] == ["Running"], "the segment was started twice"
     finally:
         hold.unlink()
@@ -281,6 +281,6 @@ def test_driver_resumed_while_its_pool_segment_still_runs_waits_for_it(
     assert resumed.returncode == 0, err
     summary = json.loads(out)
     assert summary["segments"] == 1 and summary["best"] is not None
-    assert [r.state_name for r in segment_runs(job_id)] == ["Completed"]
+    assert [r.state_name for r in segment_runs(job_id, warm=True)] == ["Completed"]
     # One process trained it, start to end.
     assert len({pid for pid, _, _ in lines(worker_log)}) == 1

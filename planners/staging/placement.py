@@ -119,9 +119,9 @@ def _place(sizes: tuple[float, ...], gpus_per_node: int, nodes: int | None) -> P
             free += [0.0] * span  # whole nodes: nothing else shares them
             trial_slot[i] = len(slots) - 1
             continue
-        fits = [n for n, f in enumerate(free) if f + _EPS >= g]
-        if fits:
-            node = min(fits, key=lambda n: (free[n], n))
+        fitting = best_fit(free, g)
+        if fitting is not None:
+            node = fitting
         elif nodes is None or len(free) < nodes:
             free.append(float(gpus_per_node))
             node = len(free) - 1
@@ -143,6 +143,17 @@ def _place(sizes: tuple[float, ...], gpus_per_node: int, nodes: int | None) -> P
         load[slot] += 1
         trial_slot[i] = slot
     return Placement(len(free), tuple(slots), tuple(trial_slot))
+
+
+def best_fit(free: Sequence[float], g: float) -> int | None:
+    """The node where ``g`` GPUs fit most tightly, given each node's ``free`` GPUs (the
+    lowest index on a tie); None if none has room.
+
+    >>> best_fit([4.0, 1.0, 2.0], 1.5), best_fit([1.0], 2.0)
+    (2, None)
+    """
+    fits = [n for n, f in enumerate(free) if f + _EPS >= g]
+    return min(fits, key=lambda n: (free[n], n)) if fits else None
 
 
 def nodes_needed(sizes: Sequence[float], gpus_per_node: int) -> int:

@@ -1,0 +1,175 @@
+"""What a work-pool segment costs to hand out: warm workers against local mode (issue 13).
+
+On one Prefect server on loopback (``infra.local_cluster``), with 2 slots each way:
+
+- ``dispatch``: a job of one-epoch trials whose trainable does no work (``idle``: one report,
+  nothing else), one slot per segment. Printed per mode: the job's
+  ``wall_seconds x slots / segments``, the seconds one slot spends per segment. Modes:
+  ``local`` (the driver's process, ``compute.workers: 2``), ``warm`` (2 warm nodes of 1
+  slot) and, with ``--flow-runs``, ``flow-run`` (a process pool whose worker starts a flow
+  run per segment, ``compute.workers: 2``).
+- ``digits``: ``examples/digits.yaml`` in local mode and on the 2 warm nodes; trained
+  epochs per second, and warm over local.
+
+Run: ``python benchmarks/dispatch.py`` (``--quick`` for a small run that proves it works);
+writes ``benchmarks/results/dispatch.json``. The cost planner prices a segment's overhead
+from the job's ``profile.overhead_s`` (docs/job-file.md): on a warm pool, add the ``warm``
+figure to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULT = ROOT / "benchmarks" / "results" / "dispatch.json"
+SLOTS = 2  # both ways: 2 workers in local mode, 2 nodes of 1 slot on the warm pool
+
+
+def idle(config: dict, ctx: Any) -> None:
+    """A trainable that does no work: one report per epoch, no checkpoint."""
+    for epoch in ctx.range(ctx.start):
+        ctx.report(val_accuracy=config["x"] * epoch / ctx.stop)
+
+
+def idle_job(folder: Path, trials: int) -> Path:
+    """A job of ``trials`` one-epoch trials of :func:`idle`."""
+    import yaml
+
+    job = {
+        "name": f"dispatch-{folder.name}",
+        "trainable": "benchmarks.dispatch:idle",
+        "metric": "val_accuracy",
+        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+        "sampler": {"name": "random", "seed": 0},
+        "scheduler": {"name": "random", "max_resource": 1, "max_trials": trials},
+        "compute": {"workers": SLOTS},
+    }
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def run_job(path: Path, folder: Path, *args: str) -> dict[str, Any]:
+    """Run the job file at ``path`` with its stores in ``folder``; its summary."""
+    from flows.cli import main
+
+    stores = [
+        f"tracking.mlflow_uri=sqlite:///{folder}/mlflow.db",
+        f"tracking.optuna_storage=sqlite:///{folder}/optuna.db",
+    ]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["run", str(path), "--json", *args, "--set", stores[0], "--set", stores[1]])
+    if code != 0:
+        raise RuntimeError(f"job {path} failed with exit code {code}")
+    return json.loads(out.getvalue())
+
+
+def per_slot(summary: dict[str, Any]) -> dict[str, float]:
+    seconds = summary["wall_seconds"] * SLOTS / summary["segments"]
+    return {
+        "segments": summary["segments"],
+        "wall_seconds": summary["wall_seconds"],
+        "seconds_per_segment_per_slot": round(seconds, 3),
+    }
+
+
+def epochs_trained(folder: Path, experiment: str, metric: str) -> int:
+    """Epochs the job's trials trained: their metric's history in MLflow."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{folder}/mlflow.db")
+    found = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([found.experiment_id], "tags.`elastune.trial` != ''")
+    return sum(len(client.get_metric_history(r.info.run_id, metric)) for r in runs)
+
+
+def digits(tmp: Path, pool: str, quick: bool) -> dict[str, Any]:
+    """The digits example in local mode and on the warm pool: trained epochs per second."""
+    size = ["--set", "scheduler.max_resource=9"] if quick else []
+    figures: dict[str, Any] = {}
+    for mode, args in (("local", []), ("warm", ["--pool", pool])):
+        folder = tmp / f"digits-{mode}"
+        folder.mkdir()
+        summary = run_job(ROOT / "examples" / "digits.yaml", folder, *size, *args)
+        epochs = epochs_trained(folder, "digits-cnn", "val_accuracy")
+        figures[mode] = {
+            "epochs": epochs,
+            "wall_seconds": summary["wall_seconds"],
+            "epochs_per_second": round(epochs / summary["wall_seconds"], 3),
+        }
+    ratio = figures["warm"]["epochs_per_second"] / figures["local"]["epochs_per_second"]
+    figures["warm_over_local"] = round(ratio, 3)
+    return figures
+
+
+def flow_runs(tmp: Path, api: str, trials: int) -> dict[str, float]:
+    """The old mode: a process pool whose worker starts a flow run per segment."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from infra.server import running_worker
+
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="flow-runs", type="process"))
+    folder = tmp / "flow-run"
+    folder.mkdir()
+    with running_worker(api, "flow-runs", tmp / "process-worker"):
+        return per_slot(run_job(idle_job(folder, trials), folder, "--pool", "flow-runs"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small run that proves it works")
+    parser.add_argument("--trials", type=int, help="idle trials per mode (default 200, 20)")
+    parser.add_argument("--flow-runs", action="store_true", help="measure the flow-run mode")
+    parser.add_argument("--no-digits", action="store_true", help="skip the digits example")
+    args = parser.parse_args(argv)
+    trials = args.trials or (20 if args.quick else 200)
+    # The node workers import this module's trainable.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+    )
+    from infra.local_cluster import running_cluster
+
+    results: dict[str, Any] = {"quick": args.quick, "slots": SLOTS, "dispatch": {}}
+    with tempfile.TemporaryDirectory(prefix="elastune-dispatch-") as name:
+        tmp = Path(name)
+        with running_cluster(tmp / "cluster", nodes=SLOTS, gpus_per_node=1) as cluster:
+            for mode, pool in (("local", []), ("warm", ["--pool", cluster.pool])):
+                folder = tmp / mode
+                folder.mkdir()
+                results["dispatch"][mode] = per_slot(
+                    run_job(idle_job(folder, trials), folder, *pool)
+                )
+            if args.flow_runs:
+                results["dispatch"]["flow-run"] = flow_runs(tmp, cluster.api, min(trials, 10))
+            if not args.no_digits:
+                results["digits"] = digits(tmp, cluster.pool, args.quick)
+    for mode, row in results["dispatch"].items():
+        print(
+            f"{mode:>9}: {row['seconds_per_segment_per_slot']:.3f} s per segment per slot "
+            f"({row['segments']} segments in {row['wall_seconds']:.1f} s)"
+        )
+    if "digits" in results:
+        d = results["digits"]
+        print(
+            f"   digits: {d['local']['epochs_per_second']:.2f} epochs/s local, "
+            f"{d['warm']['epochs_per_second']:.2f} warm ({d['warm_over_local']:.0%})"
+        )
+    RESULT.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {RESULT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

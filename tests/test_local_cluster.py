@@ -1,0 +1,106 @@
+"""``python -m infra.local_cluster``: it prints where its server and pool are, and nothing it
+started outlives it, whether it is stopped (SIGTERM) or killed (SIGKILL); a node worker
+that dies is started again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="/proc")]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def descendants(pid: int) -> set[int]:
+    """Every living process below ``pid``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # it ended meanwhile
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running (a zombie has finished)."""
+    running = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            running.add(pid)
+    return running
+
+
+def start_cluster(home: Path) -> tuple[subprocess.Popen, list[str]]:
+    """The CLI with one node, and the ``export`` lines it printed once ready."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "infra.local_cluster", "--nodes", "1", "--home", str(home)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    exports = [process.stdout.readline().strip() for _ in range(2)]
+    return process, exports
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_nothing_outlives_the_cluster(tmp_path, how) -> None:
+    process, exports = start_cluster(tmp_path)
+    try:
+        assert exports[0].startswith("export PREFECT_API_URL=http://127.0.0.1:"), exports
+        assert exports[1] == "export ELASTUNE_POOL=warm"
+        started = descendants(process.pid)
+        assert len(started) >= 2, started  # the server and the node's worker
+        os.kill(process.pid, how)
+        process.wait(60)
+        deadline = time.monotonic() + 60
+        while alive(started) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not alive(started)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_a_dead_node_worker_is_started_again(tmp_path) -> None:
+    process, _ = start_cluster(tmp_path)
+    try:
+        worker = tmp_path / "warm-node-0" / "worker.log"
+        (node,) = [p for p in descendants(process.pid) if "flows.segment" in cmdline(p)]
+        os.kill(node, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            again = [p for p in descendants(process.pid) if "flows.segment" in cmdline(p)]
+            if again and again != [node]:
+                break
+            time.sleep(0.2)
+        assert again and node not in again, worker.read_text()[-2000:]
+    finally:
+        os.kill(process.pid, signal.SIGTERM)
+        process.wait(60)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
