@@ -59,7 +59,8 @@ class BillingRule(BaseModel):
         return np.maximum(whole * self.quantum_s, self.min_charge_s)
 
     def charge(self, price_per_hour: float, seconds: ArrayLike) -> NDArray[np.float64]:
-        """Dollars for instances at ``price_per_hour`` alive ``seconds`` each."""
-        if price_per_hour <= 0:
-            raise ValueError(f"price_per_hour must be positive, got {price_per_hour}")
+        """Dollars for instances at ``price_per_hour`` alive ``seconds`` each (0: a free
+        machine, the local type by default)."""
+        if price_per_hour < 0:
+            raise ValueError(f"price_per_hour must not be negative, got {price_per_hour}")
         return price_per_hour / 3600.0 * self.billed_seconds(seconds)

@@ -6,6 +6,9 @@ meeting ``budget.deadline``; ``budget.max_cost_usd`` is then checked. SEER choos
 number of trials itself from the scheduler's ``eta``, ``min_resource`` and
 ``max_resource``, and needs both a deadline and a budget.
 
+A job on this machine (the local pool, or ``compute.instance_types: [local]``) is planned
+on the ``local`` type (:mod:`planners.cost.local`): its slots, its price, no catalog.
+
 ``compute.spot: true`` lets RubberBand put stages on spot instances where that is cheaper
 and the p95 JCT, interruptions included, still meets the deadline. SEER ignores it and
 plans on-demand capacity (the report says so). Static baselines are on-demand pools.
@@ -34,11 +37,13 @@ from typing import Literal, NamedTuple
 from planners.cost.allocation import AllocationPlan
 from planners.cost.baselines import static_baselines
 from planners.cost.catalog import Catalog, read_catalog
+from planners.cost.local import check_brackets, local_catalog, local_slots, plans_local
 from planners.cost.outcome import Outcome
 from planners.cost.report import PlanReport, Problem, format_duration, rows_for
 from planners.cost.rubberband import Move, RubberBand
 from planners.cost.seer import Seer
 from planners.cost.simulate import PlanSimulator
+from planners.cost.sizing import chains_of
 from planners.spec import JobSpec, SpecError
 from planners.staging import Profile, compile_plan
 
@@ -80,6 +85,7 @@ def plan_job(
     samples: int = 200,
     seed: int = 0,
     packing: bool = False,
+    devices: int | None = None,
 ) -> PlanReport:
     """Plan and price ``spec``; the report says if the deadline or budget cannot be met.
 
@@ -87,24 +93,32 @@ def plan_job(
         spec: The validated job.
         planner: ``rubberband`` (cheapest plan meeting the deadline) or ``seer`` (most
             trials within deadline and budget).
-        catalog: Prices and instance types; default: elastune's catalog.
+        catalog: Prices and instance types; default: elastune's catalog, or this machine
+            (the ``local`` type) for a job on the local pool that names no types.
         profile: Timings; default: the job file's ``profile:`` section.
         samples: Monte Carlo samples per plan.
         seed: Seed of the simulated stragglers and delays.
         packing: Price every stage as Fluid packs it onto its nodes (the staged flow's
             stage packer): trials take the widths StaticFluid chooses over the stage's
             GPUs instead of the plan's GPUs per trial (``PlanSimulator(packing=True)``).
+        devices: CUDA devices of this machine (None: CPU): a local job's slots.
     """
     if planner not in PLANNERS:
         raise SpecError(f"--planner: unknown planner {planner!r} (use rubberband or seer)")
-    catalog = catalog if catalog is not None else read_catalog()
     profile = profile if profile is not None else job_profile(spec)
+    local = plans_local(spec, catalog_given=catalog is not None)
+    if local:
+        check_brackets(spec, len(chains_of(compile_plan(spec).stages)), devices)
+        catalog = local_catalog(spec, profile.gpu, devices)
+    elif catalog is None:
+        catalog = read_catalog()
     names = instance_types(spec, catalog, profile)
+    max_gpus = local_slots(spec, devices) if local else spec.compute.max_gpus
     simulator = PlanSimulator(catalog, profile, samples=samples, seed=seed, packing=packing)
-    planned = (_rubberband if planner == "rubberband" else _seer)(spec, simulator, names)
+    chosen = _rubberband if planner == "rubberband" else _seer
+    planned = chosen(spec, simulator, names, max_gpus)
     plan, outcome = planned.plan, planned.outcome
     deadline, budget = spec.budget.deadline, spec.budget.max_cost_usd
-    max_gpus = spec.compute.max_gpus
     baselines = static_baselines(simulator, plan, names, deadline=deadline, max_gpus=max_gpus)
     return PlanReport(
         planner,
@@ -132,13 +146,13 @@ class _Planned(NamedTuple):
     details: dict[str, object]
 
 
-def _rubberband(spec: JobSpec, simulator: PlanSimulator, names: list[str]) -> _Planned:
+def _rubberband(
+    spec: JobSpec, simulator: PlanSimulator, names: list[str], max_gpus: int | None
+) -> _Planned:
     """RubberBand's cheapest plan meeting the deadline; the budget is checked after."""
     deadline, budget = spec.budget.deadline, spec.budget.max_cost_usd
     spot = spec.compute.spot
-    rubberband = RubberBand(
-        simulator, names, deadline=deadline, max_gpus=spec.compute.max_gpus, spot=spot
-    )
+    rubberband = RubberBand(simulator, names, deadline=deadline, max_gpus=max_gpus, spot=spot)
     result = rubberband.plan(compile_plan(spec).stages)
     plan, outcome = result.plan, result.outcome
     problems: list[Problem] = []
@@ -175,14 +189,16 @@ def _move(move: Move, spot: bool) -> dict[str, object]:
     return out
 
 
-def _seer(spec: JobSpec, simulator: PlanSimulator, names: list[str]) -> _Planned:
+def _seer(
+    spec: JobSpec, simulator: PlanSimulator, names: list[str], max_gpus: int | None
+) -> _Planned:
     """SEER's plan with the most trials meeting both the deadline and the budget."""
     deadline, budget = spec.budget.deadline, spec.budget.max_cost_usd
     for field, value in (("budget.deadline", deadline), ("budget.max_cost_usd", budget)):
         if value is None:
             raise SpecError(f"{field}: the seer planner needs both a deadline and a budget")
     s = spec.scheduler
-    seer = Seer(simulator, names, deadline=deadline, budget=budget, max_gpus=spec.compute.max_gpus)
+    seer = Seer(simulator, names, deadline=deadline, budget=budget, max_gpus=max_gpus)
     result = seer.plan(s.max_resource, s.eta, s.min_resource)
     problems: list[Problem] = []
     if result.smallest_deadline is not None:

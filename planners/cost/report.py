@@ -138,7 +138,8 @@ def _baseline_dict(baseline: Baseline, plan_cost: float) -> dict[str, Any]:
     if baseline.outcome is not None:
         out["jct_s"] = baseline.outcome.summary(baseline.outcome.jct)
         out["cost_usd"] = baseline.outcome.summary(baseline.outcome.cost)
-        out["cost_ratio"] = round(baseline.outcome.cost_mean / plan_cost, 3)
+        # A free plan (the local type at price 0) has no cost ratio.
+        out["cost_ratio"] = round(baseline.outcome.cost_mean / plan_cost, 3) if plan_cost else None
     if baseline.note:
         out["note"] = baseline.note
     return out
@@ -264,11 +265,13 @@ class PlanReport:
                 lines.append(f"{baseline.name}: {baseline.note}")
                 continue
             b_jct = baseline.outcome.jct_q
-            ratio = baseline.outcome.cost_mean / self.outcome.cost_mean
+            plan_cost = self.outcome.cost_mean
+            times = baseline.outcome.cost_mean / plan_cost if plan_cost else None
+            ratio = "" if times is None else f" ({times:.2f}x the plan)"
             lines.append(
                 f"{baseline.name}: {baseline.instance_type} × {baseline.nodes} "
                 f"({baseline.gpus} GPUs) for the whole job, p95 JCT {format_duration(b_jct)}, "
-                f"mean cost ${baseline.outcome.cost_mean:,.2f} ({ratio:.2f}x the plan)"
+                f"mean cost ${baseline.outcome.cost_mean:,.2f}{ratio}"
                 + ("" if baseline.meets_deadline else ", misses the deadline")
             )
         lines.append(

@@ -1,6 +1,7 @@
 """Monte Carlo simulator of an allocation plan: JCT and cost with stragglers (§5.2, §5.3).
 
-Each chain (bracket) runs its stages in order with a barrier between them. At a barrier
+Each chain (bracket) runs its stages in order with a barrier between them, from the job's
+start-up (the profile's ``startup_s``: its first segment starts then). At a barrier
 the stage's pool is resized: surplus nodes are released (the newest first, so survivors
 keep their nodes and nothing migrates) and missing ones are requested (queueing plus
 startup, sampled). A change of instance type releases the whole pool. Trials are placed
@@ -84,8 +85,9 @@ class _ChainState:
     lost: list[Array] = field(default_factory=list)
 
     @classmethod
-    def start(cls, samples: int) -> _ChainState:
-        return cls(np.zeros(samples), np.zeros(samples))
+    def start(cls, samples: int, startup_s: float = 0.0) -> _ChainState:
+        """A chain before its first stage, which the job reaches after ``startup_s``."""
+        return cls(np.full(samples, startup_s), np.zeros(samples))
 
     @property
     def stages(self) -> int:
@@ -227,7 +229,8 @@ class PlanSimulator:
 
     def _simulate(self, chain: tuple[StagePlan, ...], trace: Trace | None = None) -> ChainRun:
         nominal = trace is not None  # one sample at the means, recorded node by node
-        state = _ChainState.start(1) if nominal else self._resume(chain)
+        startup = self.profile.startup_s
+        state = _ChainState.start(1, startup) if nominal else self._resume(chain)
         for length, stage in enumerate(chain[state.stages :], start=state.stages + 1):
             instance = self.catalog.get(stage.instance_type, "plan.instance_type")
             price = instance.price(stage.market)  # checks that a spot stage has spot prices
@@ -245,14 +248,16 @@ class PlanSimulator:
             state = self._prefixes.get(chain[:length])
             if state is not None:
                 return state.copy()
-        state = _ChainState.start(self.samples)
         last = self.holding.get(chain[0].bracket)
-        if last is not None:
-            instance = self.catalog.get(last.instance_type, "plan.instance_type")
-            zero = np.zeros((self.samples, last.instances))
-            rate = instance.interruptions_per_second(last.market)
-            fails = self.draws.lifetimes(last, HELD, last.instances, rate) if rate > 0 else None
-            state.pool = NodePool(instance, last.market, zero, zero, fails)
+        if last is None:
+            return _ChainState.start(self.samples, self.profile.startup_s)
+        # A chain in flight is past the job's start-up and holds its last stage's nodes.
+        state = _ChainState.start(self.samples)
+        instance = self.catalog.get(last.instance_type, "plan.instance_type")
+        zero = np.zeros((self.samples, last.instances))
+        rate = instance.interruptions_per_second(last.market)
+        fails = self.draws.lifetimes(last, HELD, last.instances, rate) if rate > 0 else None
+        state.pool = NodePool(instance, last.market, zero, zero, fails)
         return state
 
     def _provision(

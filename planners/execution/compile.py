@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from planners.cost import Catalog, PlanReport, plan_job, read_catalog
+from planners.cost import Catalog, PlanReport, plan_job
 from planners.cost.report import format_duration
 from planners.search.schedulers.base import Segment
 from planners.spec import JobSpec, SpecError
@@ -106,10 +106,10 @@ def execution_plan(
     plan = compile_plan(spec) if is_staged(spec) else None
     limits = _limits(spec) if plan is not None else None
     if plan is not None and limits is not None:
-        catalog = catalog if catalog is not None else read_catalog()
         if report is None:
-            report = plan_job(spec, catalog=catalog)
+            report = plan_job(spec, catalog=catalog, devices=devices)
             report.check()
+        catalog = report.catalog  # the types the plan names (``local``: this machine)
         plan = allocate(plan, report.allocations)
     if plan is not None:
         check_widths(spec, plan, distributed=distributed, devices=devices)

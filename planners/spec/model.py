@@ -327,8 +327,12 @@ POOL_NAME_BANNED = "/%&><"  # characters Prefect refuses in a work pool's name
 class ComputeSpec(_Strict):
     pool: str = "local"
     workers: int = Field(default=2, ge=1)
+    # Catalog types, or ``[local]``: this machine (planners/cost/local.py), also what a job
+    # on the local pool without instance types is planned on.
     instance_types: list[str] = Field(default_factory=list)
     max_gpus: int | None = Field(default=None, ge=1)
+    # What an hour of this machine costs (the ``local`` type); 0: it is free.
+    price_per_hour: NonNegativeFloat = 0.0
     ecs: EcsSpec | None = None
     # Whether the cost planner may put stages on spot instances (discounted, interruptible).
     spot: bool = Field(default=False, strict=True)
@@ -350,6 +354,16 @@ class ComputeSpec(_Strict):
                 f"{pool!r} is not a work pool name (not blank, none of {POOL_NAME_BANNED})"
             )
         return pool
+
+    @field_validator("instance_types")
+    @classmethod
+    def _local_alone(cls, types: list[str]) -> list[str]:
+        if "local" in types and len(types) > 1:
+            raise ValueError(
+                "local (this machine) cannot be mixed with catalog instance types: a job "
+                "runs either here or on a cloud pool"
+            )
+        return types
 
     @field_validator("packing", mode="before")
     @classmethod
@@ -385,7 +399,8 @@ class ProfileSpec(_Strict):
     unit_cv: NonNegativeFloat = 0.0
     # Spread of a whole segment relative to its mean (a slow node stays slow): stragglers.
     segment_cv: NonNegativeFloat = 0.0
-    overhead_s: NonNegativeFloat = 0.0  # per segment: restore and save a checkpoint
+    overhead_s: NonNegativeFloat = 0.0  # per segment: dispatch, restore and save a checkpoint
+    startup_s: NonNegativeFloat = 0.0  # per job: from its start to its first segment's
     speedup: dict[PositiveFloat, PositiveFloat] | None = None
     serial_fraction: float | None = Field(default=None, ge=0, lt=1)
     gpus: list[PositiveFloat] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1)

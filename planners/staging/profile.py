@@ -5,10 +5,13 @@ One class serves the cost planner (timings, spread, GPU models), the Fluid packe
 speeds relative to one whole GPU. Speedup is ``S(g) = t(1) / t(g)``.
 
 A segment of ``r`` resource units on ``g`` GPUs takes ``overhead + r * t(g)`` seconds on
-average. Its spread has two parts: unit-to-unit noise, independent between units, so by the
-central limit theorem its sd grows as ``sqrt(r) * sd(g)`` (docs/algorithms.md §5.3); and a
-per-segment straggler factor ``segment_cv`` (a slow node stays slow for the whole segment),
-whose sd grows as ``r * t(g) * segment_cv``.
+average; ``overhead`` is what a segment spends outside its units (dispatch, building the
+model, restoring and saving a checkpoint). A job spends ``startup_s`` before its first
+segment starts (its runs and study created, its first dispatch). Its spread has two parts:
+unit-to-unit noise, independent between units, so by the central limit theorem its sd grows
+as ``sqrt(r) * sd(g)`` (docs/algorithms.md §5.3); and a per-segment straggler factor
+``segment_cv`` (a slow node stays slow for the whole segment), whose sd grows as
+``r * t(g) * segment_cv``.
 
 A profile comes from the job file's ``profile:`` section (:meth:`Profile.from_spec`), from
 numbers measured by ``elastune profile`` (:meth:`Profile.from_measurements`), from a
@@ -89,8 +92,9 @@ class Profile:
     Args:
         timings: ``g -> Timing`` (or a plain mean in seconds) per GPU count.
         segment_cv: Per-segment straggler spread, relative to the segment's mean.
-        overhead_s: Seconds added to every segment (checkpoint restore and save); the
-            packer's rescale cost, paid when it restarts a running segment.
+        overhead_s: Seconds added to every segment (dispatch, checkpoint restore and save);
+            the packer's rescale cost, paid when it restarts a running segment.
+        startup_s: Seconds from the job's start to its first segment's.
         gpu: GPU model the timings were measured on; ``None`` means any model.
         gpu_speed: Throughput of other GPU models relative to ``gpu`` (2.0: twice as
             fast): the job file's ``speed``.
@@ -99,6 +103,7 @@ class Profile:
     timings: Mapping[float, Timing]
     segment_cv: float = 0.0
     overhead_s: float = 0.0
+    startup_s: float = 0.0
     gpu: str | None = None
     gpu_speed: Mapping[str, float] = field(default_factory=dict)
 
@@ -119,7 +124,11 @@ class Profile:
                 raise ProfileError(f"profile.sd_per_unit.{g:g}: must be >= 0, got {timing.sd}")
             timings[float(g)] = timing
         object.__setattr__(self, "timings", timings)
-        for name, value in (("segment_cv", self.segment_cv), ("overhead_s", self.overhead_s)):
+        for name, value in (
+            ("segment_cv", self.segment_cv),
+            ("overhead_s", self.overhead_s),
+            ("startup_s", self.startup_s),
+        ):
             if not value >= 0:
                 raise ProfileError(f"profile.{name}: must be >= 0, got {value}")
         for model, factor in self.gpu_speed.items():
@@ -169,6 +178,7 @@ class Profile:
         options: dict[str, Any] = {
             "segment_cv": spec.segment_cv,
             "overhead_s": spec.overhead_s,
+            "startup_s": spec.startup_s,
             "gpu": spec.gpu,
             "gpu_speed": dict(spec.speed),
         }
@@ -246,6 +256,8 @@ class Profile:
             out["segment_cv"] = self.segment_cv
         if self.overhead_s:
             out["overhead_s"] = self.overhead_s
+        if self.startup_s:
+            out["startup_s"] = self.startup_s
         if self.gpu is not None:
             out["gpu"] = self.gpu
         if self.gpu_speed:
