@@ -23,6 +23,7 @@ from flows.job import Job
 from flows.launch import Launcher
 from flows.pools import PoolSizer, PoolTarget
 from flows.progress import JobProgress
+from flows.replan import InFlight
 from flows.results import finish, leaderboard
 from flows.story import Story
 from infra.sizing import RELEASE_STAGE, publish_sizing
@@ -42,11 +43,8 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
     print(execution.mode, file=sys.stderr, flush=True)
     # Threads share the cores: give each worker its slice instead of oversubscribing.
     torch.set_num_threads(max(1, torch.get_num_threads() // spec.compute.workers))
-    create_markdown_artifact(
-        key=artifact_key(job.job_id, "plan"),
-        markdown=describe(job),
-        description=f"plan of {job.job_id}",
-    )
+    flight = InFlight.of(job)
+    publish_plan(job, flight)
     story = Story(job)
     pending = recover(job)
     story.begin(len(pending))
@@ -58,8 +56,10 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
             pool.backend if pool is not None else contextlib.nullcontext(),
             JobProgress(spec.metric, total) as progress,
         ):
-            run_segments(job, launcher, sizer, pending, progress, story)
+            run_segments(job, launcher, sizer, pending, progress, story, flight)
         summary = finish(job, story)
+        if flight is not None:
+            summary["replanning"] = flight.to_dict()
         story.end(summary)
         return summary
     except BaseException as exc:
@@ -71,6 +71,16 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
         if pool is not None:
             story.sized([r for r in pool.backend.records if r.stage == RELEASE_STAGE])
             publish_sizing(pool.backend.records, key=artifact_key(job.job_id, "pool-sizing"))
+
+
+def publish_plan(job: Job, flight: InFlight | None) -> None:
+    """The plan artifact: :func:`describe`, and the re-plans so far."""
+    replans = "" if flight is None else flight.to_markdown()
+    create_markdown_artifact(
+        key=artifact_key(job.job_id, "plan"),
+        markdown=describe(job) + (f"\n\n{replans}" if replans else ""),
+        description=f"plan of {job.job_id}",
+    )
 
 
 def describe(job: Job) -> str:
@@ -109,6 +119,7 @@ def run_segments(
     pending: list[Segment],
     progress: JobProgress,
     story: Story,
+    flight: InFlight | None = None,
 ) -> None:
     """Start what the admission policy lets start, record what finishes; until nothing
     runs and the scheduler hands out nothing more."""
@@ -119,11 +130,15 @@ def run_segments(
         story.starting(starting)
         for segment in starting:
             start(job, launcher, segment)
+        if flight is not None:
+            flight.started(starting)
         if not launcher.running:
             return
         segment, report = launcher.next_report()
         decisions = job.record(segment, report)
         story.decided(decisions)
+        if flight is not None and flight.finished(segment, story) is not None:
+            publish_plan(job, flight)
         stage = f"stage b{segment.bracket}-r{segment.rung}"
         progress.update(stage, job.best_metric())
         if job.stage_done(segment, decisions):

@@ -149,13 +149,7 @@ class ProfileEstimate:
             g: Timing(t.mean * self.ratio(g), t.sd * self.ratio(g))
             for g, t in self.prior.timings.items()
         }
-        return Profile(
-            timings,
-            segment_cv=self.spread(),
-            overhead_s=self.prior.overhead_s,
-            gpu=self.prior.gpu,
-            gpu_speed=self.prior.gpu_speed,
-        )
+        return dataclasses.replace(self.prior, timings=timings, segment_cv=self.spread())
 
 
 class Reason(StrEnum):
@@ -179,11 +173,13 @@ class Forecast:
 
 @dataclass(frozen=True)
 class Decision:
-    """What to run for the remaining stages, and why. ``plan`` holds only the stages not
-    finished; ``kept`` and ``chosen`` forecast the old and the chosen plan from now."""
+    """What to run for the remaining stages, and why. ``plan`` holds only the work not
+    finished, ``outcome`` is its simulation from now; ``kept`` and ``chosen`` forecast the
+    old and the chosen plan."""
 
     reason: Reason
     plan: AllocationPlan
+    outcome: Outcome
     changed: bool
     kept: Forecast
     chosen: Forecast
@@ -193,6 +189,18 @@ class Decision:
     @property
     def deadline_at_risk(self) -> bool:
         return self.reason is Reason.DEADLINE_AT_RISK
+
+    def to_dict(self) -> dict[str, object]:
+        """The decision as the plan artifact and ``run --json`` list it."""
+        return {
+            "reason": self.reason.value,
+            "changed": self.changed,
+            "deadline_at_risk": self.deadline_at_risk,
+            "deadline_left_s": self.deadline_left_s,
+            "kept": dataclasses.asdict(self.kept),
+            "chosen": dataclasses.asdict(self.chosen),
+            "gpus_per_trial": [list(chain) for chain in self.plan.gpus_per_trial],
+        }
 
     def describe(self) -> str:
         """One line for a log: the reason and the two forecasts."""
@@ -292,15 +300,16 @@ class Replanner:
         deadline_left = None if self.deadline is None else max(self.deadline - elapsed, 1.0)
         budget_left = None if self.budget is None else self.budget - spent
         rubberband = self._rubberband(profile, deadline_left, holding)
-        kept = _forecast(rubberband, kept_plan, rubberband.simulator.run(kept_plan))
+        kept_outcome = rubberband.simulator.run(kept_plan)
+        kept = _forecast(rubberband, kept_plan, kept_outcome)
         fresh = rubberband.plan(remaining)
         chosen = _forecast(rubberband, fresh.plan, fresh.outcome)
 
         def decision(reason: Reason, chosen_plan: AllocationPlan) -> Decision:
             changed = chosen_plan != kept_plan
-            forecast = chosen if changed else kept
+            forecast, outcome = (chosen, fresh.outcome) if changed else (kept, kept_outcome)
             return Decision(
-                reason, chosen_plan, changed, kept, forecast, deadline_left, budget_left
+                reason, chosen_plan, outcome, changed, kept, forecast, deadline_left, budget_left
             )
 
         if not fresh.feasible:
