@@ -152,7 +152,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from planners.cost import plan_job, read_catalog
 
     catalog = read_catalog(args.catalog) if args.catalog else None
-    report = plan_job(spec, planner=args.planner, catalog=catalog)
+    from flows.compiled import local_devices
+
+    # A job on this machine is planned on its slots: its CUDA devices, else compute.workers.
+    report = plan_job(spec, planner=args.planner, catalog=catalog, devices=local_devices(spec))
     if args.gantt:
         from planners.cost.gantt import draw_gantt
 
@@ -230,6 +233,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     _quiet_optuna()
     result = measure(spec, units=args.units, shares=args.shares)
+    if not args.no_calibrate:
+        from flows.calibrate import calibrate
+
+        # A slot's unit time and the overheads, measured through the real flow, anchor the
+        # in-process timings (docs/cli.md, profile).
+        result["profile"], result["calibration_walls_s"] = calibrate(spec, result["profile"])
     if args.out:
         import yaml
 
@@ -320,6 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="device shares to time: 1 (a whole device) and 1/k (k trials at once on it)",
     )
     prof.add_argument("--out", metavar="FILE.yaml", help="write the profile: section there")
+    prof.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="skip the three small jobs that time a slot and the overheads in real runs",
+    )
 
     again = commands.add_parser("resume", help="continue a job whose driver died")
     again.add_argument("job_id", help="the id printed as `job <ID>`")

@@ -38,13 +38,18 @@ class CompiledJob:
     execution: ExecutionPlan
 
 
+def local_devices(spec: JobSpec) -> int | None:
+    """The CUDA devices a local job's segments share out; None on a work pool or on CPU."""
+    return cuda_devices() if spec.compute.pool == "local" else None
+
+
 def compile_job(
     spec: JobSpec, *, catalog: Catalog | None = None, report: PlanReport | None = None
 ) -> CompiledJob:
     """Compile ``spec``; bad input (the trainable, the plan, the packing) raises SpecError
     naming the field. ``catalog`` and ``report`` as :func:`execution_plan` takes them."""
     trainable = load_trainable(spec.trainable)
-    devices = cuda_devices() if spec.compute.pool == "local" else None
+    devices = local_devices(spec)
     execution = execution_plan(
         spec,
         distributed=supports_distributed(trainable),

@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+import time
 from dataclasses import replace
 from typing import Any
 
 import torch
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from flows.forecast import HeldForecast
 from flows.job import Job
 from flows.launch import Launcher
 from flows.pools import PoolSizer, PoolTarget
@@ -43,8 +45,10 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
     print(execution.mode, file=sys.stderr, flush=True)
     # Threads share the cores: give each worker its slice instead of oversubscribing.
     torch.set_num_threads(max(1, torch.get_num_threads() // spec.compute.workers))
+    report = execution.report
+    held = None if report is None else HeldForecast(report.forecast())
     flight = InFlight.of(job)
-    publish_plan(job, flight)
+    publish_plan(job, held, flight=flight)
     story = Story(job)
     pending = recover(job)
     story.begin(len(pending))
@@ -56,10 +60,11 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
             pool.backend if pool is not None else contextlib.nullcontext(),
             JobProgress(spec.metric, total) as progress,
         ):
-            run_segments(job, launcher, sizer, pending, progress, story, flight)
-        summary = finish(job, story)
+            run_segments(job, launcher, sizer, pending, progress, story, held, flight)
+        summary = finish(job, story, held)
         if flight is not None:
             summary["replanning"] = flight.to_dict()
+        publish_plan(job, held, summary["wall_seconds"], flight)
         story.end(summary)
         return summary
     except BaseException as exc:
@@ -73,19 +78,26 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
             publish_sizing(pool.backend.records, key=artifact_key(job.job_id, "pool-sizing"))
 
 
-def publish_plan(job: Job, flight: InFlight | None) -> None:
-    """The plan artifact: :func:`describe`, and the re-plans so far."""
+def publish_plan(
+    job: Job,
+    held: HeldForecast | None,
+    wall_seconds: float | None = None,
+    flight: InFlight | None = None,
+) -> None:
+    """The plan artifact, again under the same key as stages end and as the job re-plans
+    (Prefect keeps each version)."""
     replans = "" if flight is None else flight.to_markdown()
     create_markdown_artifact(
         key=artifact_key(job.job_id, "plan"),
-        markdown=describe(job) + (f"\n\n{replans}" if replans else ""),
+        markdown=describe(job, held, wall_seconds) + (f"\n\n{replans}" if replans else ""),
         description=f"plan of {job.job_id}",
     )
 
 
-def describe(job: Job) -> str:
+def describe(job: Job, held: HeldForecast | None = None, wall_seconds: float | None = None) -> str:
     """The plan artifact: the mode, and the staged DAG or the rung ladder of an
-    asynchronous scheduler."""
+    asynchronous scheduler; for a planned job, its forecast next to what the run has
+    measured so far."""
     title = f"# Plan of {job.job_id}\n\n`{job.execution.mode}`\n\n"
     plan, workers = job.execution.plan, job.spec.compute.workers
     if plan is None:
@@ -97,7 +109,10 @@ def describe(job: Job) -> str:
             + (f", up to resource {ladder:g}." if ladder else ".")
         )
     totals = f"{plan.trials} trials, {plan.segments} segments, {workers} workers."
-    return f"{title}{plan.to_markdown()}\n\n{totals}"
+    text = f"{title}{plan.to_markdown()}\n\n{totals}"
+    if held is not None:
+        text += "\n\n## Forecast and measurement\n\n" + held.to_markdown(wall_seconds)
+    return text
 
 
 def recover(job: Job) -> list[Segment]:
@@ -119,10 +134,12 @@ def run_segments(
     pending: list[Segment],
     progress: JobProgress,
     story: Story,
+    held: HeldForecast | None = None,
     flight: InFlight | None = None,
 ) -> None:
     """Start what the admission policy lets start, record what finishes; until nothing
-    runs and the scheduler hands out nothing more."""
+    runs and the scheduler hands out nothing more. A planned job's ``held`` forecast
+    notes each stage's end, and the plan artifact shows it."""
     while True:
         starting = admit(job, pending, launcher.running)
         if sizer is not None:
@@ -138,13 +155,16 @@ def run_segments(
         decisions = job.record(segment, report)
         story.decided(decisions)
         if flight is not None and flight.finished(segment, story) is not None:
-            publish_plan(job, flight)
+            publish_plan(job, held, flight=flight)
         stage = f"stage b{segment.bracket}-r{segment.rung}"
         progress.update(stage, job.best_metric())
         if job.stage_done(segment, decisions):
             story.stage_done(segment)
             if sizer is not None:
                 sizer.stage_done(segment)
+            if held is not None:
+                held.stage_done(segment.bracket, segment.rung, time.monotonic() - job.began)
+                publish_plan(job, held, flight=flight)
             create_table_artifact(
                 key=artifact_key(job.job_id, "leaderboard"),
                 table=leaderboard(job),

@@ -25,7 +25,6 @@ from typing import Any
 
 from flows.job import Job
 from flows.story import Story
-from planners.cost import plan_job
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.job import instance_types, job_profile
 from planners.cost.replan import Decision, ProfileEstimate, Replanner
@@ -69,10 +68,9 @@ class InFlight:
     def of(cls, job: Job) -> InFlight | None:
         """The re-planner of a job the cost planner sized; None for any other job."""
         execution = job.execution
-        if execution.plan is None or execution.mode.limits is None or execution.mode.packed:
+        if execution.report is None or execution.plan is None or execution.mode.packed:
             return None
-        # The same plan execution_plan made (same seed): its allocation, not just its stages.
-        return cls(job, plan_job(job.spec, devices=job.compiled.devices))
+        return cls(job, execution.report)
 
     @property
     def deadline_at_risk(self) -> bool:

@@ -1,6 +1,7 @@
 """What a job leaves: its leaderboard, its best trial marked in MLflow, the best model
-registered when it beats the newest registered version, and the summary ``elastune run``
-prints (with an ``error`` when every trial failed), also stored on the study.
+registered when it beats the newest registered version, a planned job's forecast next to
+what it measured, and the summary ``elastune run`` prints (with an ``error`` when every
+trial failed), also stored on the study.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 import torch
 from prefect import get_run_logger
 
+from flows.forecast import CONTRADICTS, HeldForecast
 from flows.job import Job
 from flows.story import Story, readable
 from planners.search import Best
@@ -43,9 +45,10 @@ def leaderboard(job: Job) -> list[dict[str, Any]]:
     return rows
 
 
-def finish(job: Job, story: Story) -> dict[str, Any]:
+def finish(job: Job, story: Story, held: HeldForecast | None = None) -> dict[str, Any]:
     """End the job: the last decisions tracked and told, the best trial marked and its
-    model registered, the parent run ended. Returns the job's summary."""
+    model registered, a planned job's forecast and measurement logged, the parent run
+    ended. Returns the job's summary."""
     last = job.loop.finish()
     for decision in last:
         job.runs.track(decision, job.tally.errors.get(decision.trial))
@@ -59,6 +62,8 @@ def finish(job: Job, story: Story) -> dict[str, Any]:
         tracker.log_metrics(parent, {f"best_{job.spec.metric}": best.metric}, 0)
         model = register_best(job, best)
         tracker.set_tags(parent, {"elastune.registered": model["version"]})
+    wall_seconds = round(time.monotonic() - job.began, 3)
+    held_out = {} if held is None else hold(job, held, wall_seconds)
     tracker.end_run(parent)
     summary = {
         "job_id": job.job_id,
@@ -67,17 +72,38 @@ def finish(job: Job, story: Story) -> dict[str, Any]:
         else {"trial": best.trial, "config": best.config, "metric": best.metric},
         "trials": len(job.loop.configs),
         "segments": job.tally.segments,
-        "wall_seconds": round(time.monotonic() - job.began, 3),
+        "wall_seconds": wall_seconds,
         "mlflow_run_id": parent,
         "optuna_storage": job.storage,
         "model": model,
         "mode": job.execution.mode.to_dict(),
+        **held_out,
     }
     if best is None and job.tally.errors:  # every trial failed: say why the first one did
         trial, error = next(iter(job.tally.errors.items()))
         summary["error"] = f"trial {trial}: {error}"
     job.mark_finished(summary)
     return summary
+
+
+def hold(job: Job, held: HeldForecast, wall_seconds: float) -> dict[str, Any]:
+    """Log the forecast and the measurement side by side in the parent run (metrics
+    ``forecast_*`` and ``measured_*``, tag ``elastune.forecast``), warn of stages that
+    contradict the profile; returns the summary's ``forecast`` and ``measured`` objects."""
+    forecast, measured = held.forecast, held.measured(wall_seconds)
+    contradictions = held.contradictions()
+    if contradictions:
+        measured["contradicts_profile"] = contradictions
+        get_run_logger().warning(
+            "the run contradicts the profile (over %gx): %s", CONTRADICTS, contradictions
+        )
+    metrics = {f"forecast_jct_{q}_s": v for q, v in forecast["jct_s"].items()}
+    metrics |= {f"forecast_cost_{q}_usd": v for q, v in forecast["cost_usd"].items()}
+    metrics |= {"measured_jct_s": wall_seconds, "measured_cost_usd": measured["cost_usd"]}
+    tracker, parent = job.runs.tracker, job.runs.parent
+    tracker.log_metrics(parent, metrics, 0)
+    tracker.set_tags(parent, {"elastune.forecast": held.verdict(wall_seconds)})
+    return {"forecast": forecast, "measured": measured}
 
 
 def register_best(job: Job, best: Best) -> dict[str, Any]:

@@ -217,6 +217,26 @@ class PlanReport:
             **self.details,
         }
 
+    def forecast(self) -> dict[str, Any]:
+        """What the plan forecasts, to hold a run against: JCT and cost (p50, p95), and per
+        stage its end (seconds from the job's start, p50 and p95), its mean cost and what
+        its nodes cost per second (a measured stage time prices the measured cost)."""
+        rates = [rate for run, _ in self.outcome.chains for rate in run.rates]
+        stages = {}
+        for stage, times, rate in zip(self.plan.stages, self.outcome.stages, rates, strict=True):
+            p50, p95 = np.quantile(times.end, [0.5, 0.95])
+            stages[f"b{stage.bracket}-r{stage.rung}"] = {
+                "end_s": {"p50": round(float(p50), 2), "p95": round(float(p95), 2)},
+                "cost_usd": round(times.cost, 6),
+                "usd_per_s": rate,
+            }
+        jct, cost = (np.quantile(x, [0.5, 0.95]) for x in (self.outcome.jct, self.outcome.cost))
+        return {
+            "jct_s": {"p50": round(float(jct[0]), 2), "p95": round(float(jct[1]), 2)},
+            "cost_usd": {"p50": round(float(cost[0]), 6), "p95": round(float(cost[1]), 6)},
+            "stages": stages,
+        }
+
     def to_table(self) -> tuple[list[str], list[list[str]]]:
         """Column names and rows of the stage table, as strings for a rich Table."""
         columns = ["stage", "trials", "resource", "GPUs/trial", "instances", "market"]

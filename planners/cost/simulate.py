@@ -1,15 +1,15 @@
 """Monte Carlo simulator of an allocation plan: JCT and cost with stragglers (§5.2, §5.3).
 
 Each chain (bracket) runs its stages in order with a barrier between them, from the job's
-start-up (the profile's ``startup_s``: its first segment starts then). At a barrier
-the stage's pool is resized: surplus nodes are released (the newest first, so survivors
-keep their nodes and nothing migrates) and missing ones are requested (queueing plus
-startup, sampled). A change of instance type releases the whole pool. Trials are placed
-best-fit (§5.5); each slot starts as soon as its node is ready and runs its trials one
-after another, each segment's time drawn from the profile (normal: CLT per segment plus
-the straggler spread). The stage ends with its last slot. Every node is billed by its
-type's rule from request (or from running) to release. Chains run side by side; JCT is
-the last chain's end.
+start plus the profile's ``job_overhead_s`` (what a job spends outside its segments, counted
+before the first). At a barrier the stage's pool is resized: surplus nodes are released (the
+newest first, so survivors keep their nodes and nothing migrates) and missing ones are
+requested (queueing plus startup, sampled). A change of instance type releases the whole
+pool. Trials are placed best-fit (§5.5); each slot starts as soon as its node is ready and
+runs its trials one after another, each segment's time drawn from the profile (normal: CLT
+per segment plus the straggler spread). The stage ends with its last slot. Every node is
+billed by its type's rule from request (or from running) to release. Chains run side by
+side; JCT is the last chain's end.
 
 Spot capacity [OWN model]: a stage may run on spot instances (``StagePlan.market``), at
 the catalog's discounted price. Each running spot instance is interrupted as a Poisson
@@ -85,9 +85,9 @@ class _ChainState:
     lost: list[Array] = field(default_factory=list)
 
     @classmethod
-    def start(cls, samples: int, startup_s: float = 0.0) -> _ChainState:
-        """A chain before its first stage, which the job reaches after ``startup_s``."""
-        return cls(np.full(samples, startup_s), np.zeros(samples))
+    def start(cls, samples: int, job_overhead_s: float = 0.0) -> _ChainState:
+        """A chain before its first stage, which starts ``job_overhead_s`` into the job."""
+        return cls(np.full(samples, job_overhead_s), np.zeros(samples))
 
     @property
     def stages(self) -> int:
@@ -229,7 +229,7 @@ class PlanSimulator:
 
     def _simulate(self, chain: tuple[StagePlan, ...], trace: Trace | None = None) -> ChainRun:
         nominal = trace is not None  # one sample at the means, recorded node by node
-        startup = self.profile.startup_s
+        startup = self.profile.job_overhead_s
         state = _ChainState.start(1, startup) if nominal else self._resume(chain)
         for length, stage in enumerate(chain[state.stages :], start=state.stages + 1):
             instance = self.catalog.get(stage.instance_type, "plan.instance_type")
@@ -248,16 +248,16 @@ class PlanSimulator:
             state = self._prefixes.get(chain[:length])
             if state is not None:
                 return state.copy()
+        # A chain in flight still has the job's overhead ahead where it is spent at the
+        # job's end; counting all of it again errs on the safe side.
+        state = _ChainState.start(self.samples, self.profile.job_overhead_s)
         last = self.holding.get(chain[0].bracket)
-        if last is None:
-            return _ChainState.start(self.samples, self.profile.startup_s)
-        # A chain in flight is past the job's start-up and holds its last stage's nodes.
-        state = _ChainState.start(self.samples)
-        instance = self.catalog.get(last.instance_type, "plan.instance_type")
-        zero = np.zeros((self.samples, last.instances))
-        rate = instance.interruptions_per_second(last.market)
-        fails = self.draws.lifetimes(last, HELD, last.instances, rate) if rate > 0 else None
-        state.pool = NodePool(instance, last.market, zero, zero, fails)
+        if last is not None:  # in flight: it holds its last stage's nodes, ready now
+            instance = self.catalog.get(last.instance_type, "plan.instance_type")
+            zero = np.zeros((self.samples, last.instances))
+            rate = instance.interruptions_per_second(last.market)
+            fails = self.draws.lifetimes(last, HELD, last.instances, rate) if rate > 0 else None
+            state.pool = NodePool(instance, last.market, zero, zero, fails)
         return state
 
     def _provision(

@@ -73,11 +73,13 @@ class ExecutionMode:
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    """A job's staged plan (None: asynchronous), its admission policy and its mode."""
+    """A job's staged plan (None: asynchronous), its admission policy, its mode and, for a
+    planned job, the cost planner's report (its forecast is held against the run)."""
 
     plan: Plan | None
     admission: Admission
     mode: ExecutionMode
+    report: PlanReport | None = None
 
     def stage(self, segment: Segment) -> Stage | None:
         """The segment's stage; None for asynchronous schedulers."""
@@ -105,7 +107,9 @@ def execution_plan(
     """
     plan = compile_plan(spec) if is_staged(spec) else None
     limits = _limits(spec) if plan is not None else None
-    if plan is not None and limits is not None:
+    if plan is None or limits is None:
+        report = None  # an unplanned job has no forecast
+    else:
         if report is None:
             report = plan_job(spec, catalog=catalog, devices=devices)
             report.check()
@@ -122,7 +126,7 @@ def execution_plan(
     else:
         admission = WorkerCap(spec.compute.workers)
     mode = ExecutionMode(limits, packer is not None, _workers(spec, limits, packer))
-    return ExecutionPlan(plan, admission, mode)
+    return ExecutionPlan(plan, admission, mode, report)
 
 
 def _limits(spec: JobSpec) -> str | None:

@@ -400,7 +400,8 @@ class ProfileSpec(_Strict):
     # Spread of a whole segment relative to its mean (a slow node stays slow): stragglers.
     segment_cv: NonNegativeFloat = 0.0
     overhead_s: NonNegativeFloat = 0.0  # per segment: dispatch, restore and save a checkpoint
-    startup_s: NonNegativeFloat = 0.0  # per job: from its start to its first segment's
+    # Per job, outside its segments: its runs and study created, its best model registered.
+    job_overhead_s: NonNegativeFloat = 0.0
     speedup: dict[PositiveFloat, PositiveFloat] | None = None
     serial_fraction: float | None = Field(default=None, ge=0, lt=1)
     gpus: list[PositiveFloat] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1)

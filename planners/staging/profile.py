@@ -6,8 +6,8 @@ speeds relative to one whole GPU. Speedup is ``S(g) = t(1) / t(g)``.
 
 A segment of ``r`` resource units on ``g`` GPUs takes ``overhead + r * t(g)`` seconds on
 average; ``overhead`` is what a segment spends outside its units (dispatch, building the
-model, restoring and saving a checkpoint). A job spends ``startup_s`` before its first
-segment starts (its runs and study created, its first dispatch). Its spread has two parts:
+model, restoring and saving a checkpoint). A job spends ``job_overhead_s`` outside its
+segments (its runs and study created, its best model registered). Its spread has two parts:
 unit-to-unit noise, independent between units, so by the central limit theorem its sd grows
 as ``sqrt(r) * sd(g)`` (docs/algorithms.md §5.3); and a per-segment straggler factor
 ``segment_cv`` (a slow node stays slow for the whole segment), whose sd grows as
@@ -94,7 +94,8 @@ class Profile:
         segment_cv: Per-segment straggler spread, relative to the segment's mean.
         overhead_s: Seconds added to every segment (dispatch, checkpoint restore and save);
             the packer's rescale cost, paid when it restarts a running segment.
-        startup_s: Seconds from the job's start to its first segment's.
+        job_overhead_s: Seconds a job spends outside its segments (the cost simulator
+            counts them before the first).
         gpu: GPU model the timings were measured on; ``None`` means any model.
         gpu_speed: Throughput of other GPU models relative to ``gpu`` (2.0: twice as
             fast): the job file's ``speed``.
@@ -103,7 +104,7 @@ class Profile:
     timings: Mapping[float, Timing]
     segment_cv: float = 0.0
     overhead_s: float = 0.0
-    startup_s: float = 0.0
+    job_overhead_s: float = 0.0
     gpu: str | None = None
     gpu_speed: Mapping[str, float] = field(default_factory=dict)
 
@@ -127,7 +128,7 @@ class Profile:
         for name, value in (
             ("segment_cv", self.segment_cv),
             ("overhead_s", self.overhead_s),
-            ("startup_s", self.startup_s),
+            ("job_overhead_s", self.job_overhead_s),
         ):
             if not value >= 0:
                 raise ProfileError(f"profile.{name}: must be >= 0, got {value}")
@@ -178,7 +179,7 @@ class Profile:
         options: dict[str, Any] = {
             "segment_cv": spec.segment_cv,
             "overhead_s": spec.overhead_s,
-            "startup_s": spec.startup_s,
+            "job_overhead_s": spec.job_overhead_s,
             "gpu": spec.gpu,
             "gpu_speed": dict(spec.speed),
         }
@@ -256,8 +257,8 @@ class Profile:
             out["segment_cv"] = self.segment_cv
         if self.overhead_s:
             out["overhead_s"] = self.overhead_s
-        if self.startup_s:
-            out["startup_s"] = self.startup_s
+        if self.job_overhead_s:
+            out["job_overhead_s"] = self.job_overhead_s
         if self.gpu is not None:
             out["gpu"] = self.gpu
         if self.gpu_speed:

@@ -1,0 +1,161 @@
+"""Issue 12's forecast figure: profile, plan and run local jobs for real, and hold each
+plan's JCT forecast (p50, p95) against the run's measured ``wall_seconds``.
+
+Each job goes through the user's loop, in fresh processes and fresh stores:
+``elastune profile JOB --out profile.yaml`` (units timed, then dispatch and job overheads
+calibrated by two small jobs), the profile and a deadline added to the job file,
+``elastune plan JOB --json``, ``elastune run JOB --json``. Jobs: digits with SHA, digits
+with Hyperband, and the LCBench replay trainable (:func:`lcbench_slow`) with 0.2 s and 0.5 s
+epochs. Goal: every job within 10% of its p50, none above its p95. Writes
+benchmarks/results/forecast.json.
+
+    python benchmarks/forecast.py            # the four jobs, about a minute each
+    python benchmarks/forecast.py --quick    # two small jobs, to check that it works
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+EPOCH_S = "FORECAST_EPOCH_S"  # seconds one epoch of lcbench_slow sleeps
+
+DIGITS = {
+    "trainable": "examples.digits:train",
+    "metric": "val_accuracy",
+    "space": {
+        "lr": {"type": "float", "low": 1.0e-4, "high": 0.3, "log": True},
+        "width": {"type": "int", "low": 4, "high": 32, "log": True},
+    },
+    "sampler": {"name": "tpe", "seed": 0},
+}
+LCBENCH = {
+    "trainable": "benchmarks.forecast:lcbench_slow",
+    "metric": "val_accuracy",
+    "space": {
+        "learning_rate": {"type": "float", "low": 1.0e-4, "high": 1.0e-1, "log": True},
+        "num_layers": {"type": "int", "low": 1, "high": 5},
+    },
+    "sampler": {"name": "random", "seed": 0},
+}
+
+
+def lcbench_slow(config: dict[str, Any], ctx: Any) -> None:
+    """examples/lcbench.py's replayed curve, each epoch taking ``$FORECAST_EPOCH_S``."""
+    from planners.sim import LCBenchSurrogate
+
+    full = {
+        "batch_size": 64,
+        "momentum": 0.9,
+        "weight_decay": 1e-4,
+        "max_units": 256,
+        "max_dropout": 0.1,
+        **config,
+    }
+    curve = LCBenchSurrogate("3945").curve(full)
+    epoch_s = float(os.environ.get(EPOCH_S, "0.2"))
+    for epoch in ctx.range(ctx.restore()):
+        time.sleep(epoch_s)
+        ctx.report(val_accuracy=curve.metric[epoch - 1])
+    ctx.checkpoint()
+
+
+def jobs(quick: bool) -> list[tuple[str, dict[str, Any], str]]:
+    """(name, job file, epoch seconds) of each benchmarked job."""
+    sha = {"name": "sha", "eta": 3, "min_resource": 1, "max_resource": 9}
+    out = [
+        ("digits-sha", {**DIGITS, "scheduler": sha, "compute": {"workers": 2}}, "0"),
+        ("lcbench-sha-0.2s", {**LCBENCH, "scheduler": sha, "compute": {"workers": 2}}, "0.2"),
+    ]
+    if not quick:
+        hyperband = {"name": "hyperband", "eta": 3, "min_resource": 1, "max_resource": 9}
+        three = {"workers": 3}  # Hyperband's three brackets run side by side, a slot each
+        out += [
+            ("digits-hyperband", {**DIGITS, "scheduler": hyperband, "compute": three}, "0"),
+            (
+                "lcbench-sha-0.5s",
+                {**LCBENCH, "scheduler": {**sha, "max_resource": 27}, "compute": three},
+                "0.5",
+            ),
+        ]
+    return out
+
+
+def elastune(args: list[str], folder: Path, epoch_s: str) -> dict[str, Any]:
+    """One CLI command in a fresh process in ``folder``; its JSON output."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), EPOCH_S: epoch_s}
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args, "--json"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"elastune {' '.join(args)} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def one(name: str, job: dict[str, Any], epoch_s: str) -> dict[str, Any]:
+    """Profile, plan and run ``job``; its forecast against its measurement."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        path = folder / "job.yaml"
+        path.write_text(yaml.safe_dump({"name": name, **job}))
+        elastune(["profile", str(path), "--out", "profile.yaml"], folder, epoch_s)
+        profile = yaml.safe_load((folder / "profile.yaml").read_text())["profile"]
+        planned = {**job, "name": name, "budget": {"deadline": "1h"}, "profile": profile}
+        path.write_text(yaml.safe_dump(planned))
+        plan = elastune(["plan", str(path)], folder, epoch_s)
+        run = elastune(["run", str(path)], folder, epoch_s)
+    forecast, wall = run["forecast"]["jct_s"], run["wall_seconds"]
+    return {
+        "job": name,
+        "profile": profile,
+        "plan_jct_s": plan["jct_s"],
+        "forecast_jct_s": forecast,
+        "measured_jct_s": wall,
+        "error_vs_p50": round(wall / forecast["p50"] - 1, 4),
+        "above_p95": wall > forecast["p95"],
+        "contradicts_profile": run["measured"].get("contradicts_profile", []),
+        "stages": {"forecast": run["forecast"]["stages"], "measured": run["measured"]["stages"]},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two small jobs only")
+    args = parser.parse_args()
+    results = []
+    print(f"{'job':20} {'p50 s':>8} {'p95 s':>8} {'measured s':>11} {'vs p50':>8}  above p95")
+    for name, job, epoch_s in jobs(args.quick):
+        row = one(name, job, epoch_s)
+        results.append(row)
+        f = row["forecast_jct_s"]
+        print(
+            f"{name:20} {f['p50']:8.1f} {f['p95']:8.1f} {row['measured_jct_s']:11.1f} "
+            f"{row['error_vs_p50']:+8.1%}  {row['above_p95']}",
+            flush=True,
+        )
+    within = sum(abs(r["error_vs_p50"]) <= 0.10 for r in results)
+    above = sum(r["above_p95"] for r in results)
+    print(f"within 10% of p50: {within}/{len(results)}; above p95: {above}/{len(results)}")
+    out = ROOT / "benchmarks" / "results" / "forecast.json"
+    summary = {"quick": args.quick, "within_10pct": within, "above_p95": above, "jobs": results}
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

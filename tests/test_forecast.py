@@ -1,0 +1,168 @@
+"""Plan any pool and forecast next to measurement (issue 12, items 1 and 2): the ``local``
+type planned in milliseconds, what a planned local run records of its forecast and its
+measurement (``run --json``, the parent MLflow run, the plan artifact), and bad input for
+the new fields."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.cli import main
+from flows.forecast import HeldForecast
+from planners.cost import plan_job
+from planners.cost.local import LOCAL
+from planners.spec import SpecError, parse_job
+from tests.test_bad_input import assert_rejected
+
+JOB = {
+    "name": "forecast",
+    "trainable": "tests.trainables:quadratic",
+    "metric": "val_accuracy",
+    "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+    "sampler": {"name": "random", "seed": 0},
+    "scheduler": {"name": "sha", "eta": 3, "min_resource": 1, "max_resource": 9},
+    "budget": {"deadline": "1h"},
+    "compute": {"workers": 2},
+    "profile": {"seconds_per_unit": {1: 10.0}},
+}
+
+
+def job(**sections: object) -> dict:
+    data = yaml.safe_load(yaml.safe_dump(JOB))
+    for name, fields in sections.items():
+        data[name] = {**data.get(name, {}), **fields} if isinstance(fields, dict) else fields
+    return data
+
+
+# --- planning the local type (pure) ---------------------------------------------------------
+
+
+def test_a_local_job_is_planned_on_its_slots() -> None:
+    report = plan_job(parse_job(job(compute={"workers": 3})), samples=20)
+    assert report.feasible
+    assert {a.instance_type for a in report.allocations} == {LOCAL}
+    assert max(a.instances for a in report.allocations) == 3  # the fastest plan: every slot
+    assert report.to_dict()["cost_usd"]["mean"] == 0.0  # price 0 by default
+    # 9 trials of 1 unit on 3 slots, 3 of 2 units, 1 of 6 units: 3 waves of 10 s, 20 s, 60 s.
+    assert report.outcome.jct_q == pytest.approx(30 + 20 + 60)
+
+
+def test_the_named_local_type_on_a_work_pool_and_cuda_devices_as_slots() -> None:
+    spec = parse_job(job(compute={"pool": "gpus", "instance_types": ["local"], "workers": 4}))
+    report = plan_job(spec, samples=20, devices=1)
+    assert {a.instances for a in report.allocations} == {1}  # one CUDA device, one slot
+
+
+def test_a_price_bills_the_slots_the_plan_holds() -> None:
+    report = plan_job(parse_job(job(compute={"price_per_hour": 7.2})), samples=20)
+    # A slot costs $3.60 an hour; no plan holds fewer slot-seconds than the work, 90 + 60 +
+    # 60 s, and the cheapest holds no idle slot: $0.21.
+    assert report.outcome.cost_mean == pytest.approx(3.6 * 210 / 3600)
+    assert report.to_dict()["cost_usd"]["mean"] > 0
+
+
+def test_the_job_and_segment_overheads_are_in_the_forecast() -> None:
+    base = plan_job(parse_job(job()), samples=20).outcome.jct_q
+    profile = {"seconds_per_unit": {1: 10.0}, "overhead_s": 1.0, "job_overhead_s": 4.0}
+    slower = plan_job(parse_job(job(profile=profile)), samples=20).outcome.jct_q
+    # 5 + 2 + 1 waves of segments, each 1 s more, and the job's 4 s.
+    assert slower - base == pytest.approx(8 * 1.0 + 4.0)
+
+
+def test_a_catalog_given_plans_on_its_types() -> None:
+    from planners.cost import read_catalog
+
+    spec = parse_job(job(profile={"seconds_per_unit": {1: 10.0}, "gpu": "A10G"}))
+    report = plan_job(spec, catalog=read_catalog(), samples=20)
+    assert LOCAL not in {a.instance_type for a in report.allocations}
+
+
+def test_the_forecast_per_stage_and_in_total() -> None:
+    forecast = plan_job(parse_job(job()), samples=20).forecast()
+    assert list(forecast["stages"]) == ["b0-r0", "b0-r1", "b0-r2"]
+    # 5 waves of 10 s, 2 of 20 s and one of 60 s on 2 slots.
+    assert forecast["stages"]["b0-r2"]["end_s"]["p50"] == forecast["jct_s"]["p50"] == 150.0
+
+
+def test_held_forecast_measures_stages_from_their_brackets_previous_end() -> None:
+    stage = {"end_s": {"p50": 10.0, "p95": 11.0}, "cost_usd": 0.01, "usd_per_s": 0.002}
+    forecast = {
+        "jct_s": {"p50": 20.0, "p95": 22.0},
+        "cost_usd": {"p50": 0.02, "p95": 0.02},
+        "stages": {"b0-r0": stage, "b0-r1": {**stage, "end_s": {"p50": 20.0, "p95": 22.0}}},
+    }
+    held = HeldForecast(forecast)
+    held.stage_done(0, 0, 9.0)
+    held.stage_done(0, 1, 21.0)
+    measured = held.measured(21.5)
+    assert measured["stages"]["b0-r1"]["seconds"] == 12.0
+    assert measured["cost_usd"] == pytest.approx(0.002 * 21.0)
+    assert held.verdict(21.5) == "within p95" and held.verdict(23) == "above p95"
+    assert held.contradictions() == []
+    held.stage_done(0, 1, 9.0 + 31.0)  # 31 s against 10 s forecast
+    assert [c["stage"] for c in held.contradictions()] == ["b0-r1"]
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sections", "field"),
+    [
+        ({"compute": {"price_per_hour": -1}}, "compute.price_per_hour"),
+        ({"compute": {"instance_types": ["local", "g5.xlarge"]}}, "compute.instance_types"),
+        ({"profile": {"seconds_per_unit": {1: 1.0}, "job_overhead_s": -2}}, "job_overhead_s"),
+        ({"compute": {"spot": True}}, "compute.spot"),
+        (
+            {"scheduler": {"name": "hyperband", "eta": 3, "max_resource": 9}},
+            "compute.workers",
+        ),
+    ],
+)
+def test_bad_input_names_the_field(sections: dict, field: str, tmp_path, stores, capsys) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job(**sections)))
+    assert_rejected(capsys, main(["plan", str(path), *stores]), field, tmp_path)
+
+
+def test_hyperband_on_too_few_slots_says_how_many() -> None:
+    spec = parse_job(job(scheduler={"name": "hyperband", "eta": 3, "max_resource": 9}))
+    with pytest.raises(SpecError, match="2 slots of this machine are too few for 3 brackets"):
+        plan_job(spec)
+
+
+# --- a planned local run --------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_a_planned_local_run_records_forecast_and_measurement(tmp_path: Path, stores, capsys):
+    path = tmp_path / "job.yaml"
+    fast = {"seconds_per_unit": {1: 0.05}, "overhead_s": 0.2}
+    path.write_text(yaml.safe_dump(job(profile=fast)))
+    code = main(["run", str(path), "--json", *stores])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary = json.loads(out)
+    forecast, measured = summary["forecast"], summary["measured"]
+    assert set(forecast["jct_s"]) == {"p50", "p95"} and set(forecast["cost_usd"]) == {"p50", "p95"}
+    assert measured["jct_s"] == summary["wall_seconds"]
+    assert list(measured["stages"]) == list(forecast["stages"]) == ["b0-r0", "b0-r1", "b0-r2"]
+    ends = [s["end_s"] for s in measured["stages"].values()]
+    assert ends == sorted(ends) and ends[-1] <= summary["wall_seconds"]
+
+    from mlflow import MlflowClient
+
+    run = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(summary["mlflow_run_id"])
+    assert run.data.metrics["forecast_jct_p50_s"] == forecast["jct_s"]["p50"]
+    assert run.data.metrics["measured_jct_s"] == summary["wall_seconds"]
+    assert run.data.tags["elastune.forecast"] in {"within p50", "within p95", "above p95"}
+
+    from prefect.artifacts import Artifact
+
+    artifact = Artifact.get(f"{summary['job_id']}-plan").data
+    assert "## Forecast and measurement" in artifact
+    assert f"measured {summary['wall_seconds']:.1f} s" in artifact  # the last version
