@@ -13,8 +13,9 @@ and a deadline out of reach sets the parent run's MLflow tag ``elastune.deadline
 A width whose measured seconds per unit part from the profile's by more than 3x is told
 once, with both numbers (a warning, and ``replanning.profile_contradicted``).
 
-Only jobs the cost planner sized are re-planned (a profile, a deadline or a budget, a
-staged scheduler), and not packed ones, whose stage packer sets the widths itself.
+Only jobs RubberBand sized are re-planned (a profile, a deadline or a budget, a staged
+scheduler; SEER chooses the trials themselves), and not packed ones, whose stage packer
+sets the widths itself.
 """
 
 from __future__ import annotations
@@ -67,10 +68,10 @@ class InFlight:
     @classmethod
     def of(cls, job: Job) -> InFlight | None:
         """The re-planner of a job the cost planner sized; None for any other job."""
-        execution = job.execution
-        if execution.report is None or execution.plan is None or execution.mode.packed:
+        execution, report = job.execution, job.execution.report
+        if report is None or report.planner != "rubberband" or execution.mode.packed:
             return None
-        return cls(job, execution.report)
+        return cls(job, report)
 
     @property
     def deadline_at_risk(self) -> bool:

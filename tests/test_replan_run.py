@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 EPOCH_S = 3.0  # what an epoch takes (the trainable sleeps)
 OVERHEAD_S = 0.5  # per segment here: task start, MLflow, checkpoint (measured, rounded)
+JOB_OVERHEAD_S = 3.0  # outside the segments (the model registered at the end), rounded up
 SPREAD = 0.2  # stragglers leave parallel slots idle: at a price, fewer slots are cheaper
 DEADLINE_S = 55
 PLANNED = {
@@ -31,13 +32,16 @@ PLANNED = {
     "profile": {
         "seconds_per_unit": {1: EPOCH_S / 2},
         "overhead_s": OVERHEAD_S,
+        "job_overhead_s": JOB_OVERHEAD_S,
         "segment_cv": SPREAD,
     },
 }
 
 
 def true_profile() -> Profile:
-    return Profile({1: EPOCH_S}, overhead_s=OVERHEAD_S, segment_cv=SPREAD)
+    return Profile(
+        {1: EPOCH_S}, overhead_s=OVERHEAD_S, job_overhead_s=JOB_OVERHEAD_S, segment_cv=SPREAD
+    )
 
 
 def test_a_run_slower_than_its_profile_replans_and_meets_its_deadline(
