@@ -10,8 +10,6 @@ the concurrency, GPUs per trial and instance type of the stages left in the job'
 execution plan, which admission reads. Each decision is told in the flow's log (the
 Story), kept for the plan artifact and the job's summary (``run --json``: ``replanning``),
 and a deadline out of reach sets the parent run's MLflow tag ``elastune.deadline_at_risk``.
-A width whose measured seconds per unit part from the profile's by more than 3x is told
-once, with both numbers (a warning, and ``replanning.profile_contradicted``).
 
 Only jobs RubberBand sized are re-planned (a profile, a deadline or a budget, a staged
 scheduler; SEER chooses the trials themselves), and not packed ones, whose stage packer
@@ -59,8 +57,6 @@ class InFlight:
             samples=report.samples,
         )
         self.decisions: list[tuple[float, Decision]] = []  # (elapsed seconds, decision)
-        # GPUs per trial -> (measured, profile) seconds per unit, where they part by 3x.
-        self.contradictions: dict[float, tuple[float, float]] = {}
         self._trials = {(s.bracket, s.rung): s.trials for s in self.replanner.stages}
         self._started: dict[tuple[int, float], float] = {}  # (trial, start) -> clock
         self._spent, self._billed_to = 0.0, 0.0
@@ -88,7 +84,6 @@ class InFlight:
         if began is not None:
             seconds = time.monotonic() - began
             self.estimate.observe(segment.gpus, segment.stop - segment.start, seconds)
-            self._contradicted(segment.gpus, story)
         stage = self.job.execution.stage(segment)
         assert stage is not None  # a planned job is staged
         done = self.job.tally.stage_results.get((segment.bracket, segment.rung), 0)
@@ -99,13 +94,6 @@ class InFlight:
         if all(finished.get(key, 0) >= trials for key, trials in self._trials.items()):
             return None
         return self._decide(finished, story)
-
-    def _contradicted(self, gpus: float, story: Story) -> None:
-        """Tell once per width that the measured speed contradicts the profile (3x)."""
-        found = self.estimate.contradicted().get(float(gpus))
-        if found is not None and float(gpus) not in self.contradictions:
-            self.contradictions[float(gpus)] = found
-            story.contradicted(gpus, *found)
 
     def _decide(self, finished: dict[tuple[int, int], int], story: Story) -> Decision:
         elapsed = time.monotonic() - self.job.began
@@ -154,10 +142,6 @@ class InFlight:
         """For the job's summary: every decision, and whether the deadline is at risk."""
         return {
             "deadline_at_risk": self.deadline_at_risk,
-            "profile_contradicted": [
-                {"gpus": g, "measured_s_per_unit": round(m, 3), "profile_s_per_unit": p}
-                for g, (m, p) in self.contradictions.items()
-            ],
             "decisions": [{"elapsed_s": round(at, 1), **d.to_dict()} for at, d in self.decisions],
         }
 

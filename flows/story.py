@@ -152,13 +152,6 @@ class Story:
         else:
             self.log.info("re-plan %s", decision.describe())
 
-    def contradicted(self, gpus: float, measured: float, profile: float) -> None:
-        """The job's segments run far from its profile's speed (flows/replan.py)."""
-        self.log.warning(
-            "the profile is off: segments on %g GPUs take %s s per unit, the profile says %s s",
-            gpus, significant(measured), significant(profile),
-        )  # fmt: skip
-
     def sized(self, records: Sequence[SizingRecord]) -> None:
         for r in records:
             self.log.info(

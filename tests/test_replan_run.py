@@ -66,6 +66,5 @@ def test_a_run_slower_than_its_profile_replans_and_meets_its_deadline(
     assert first["changed"] and first["kept"]["jct_s"] > first["deadline_left_s"]
     assert summary["wall_seconds"] <= DEADLINE_S, json.dumps(replanning, indent=1)
     assert not replanning["deadline_at_risk"]
-    assert replanning["profile_contradicted"] == []  # 2x: within 3x
     tags = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(summary["mlflow_run_id"])
     assert AT_RISK_TAG not in tags.data.tags

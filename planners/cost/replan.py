@@ -124,24 +124,6 @@ class ProfileEstimate:
         measured, forecast = sum(w.measured for w in widths), sum(w.forecast for w in widths)
         return self._shrunk(measured, forecast or 1.0, self.segments, 1.0)
 
-    def measured(self, gpus: float) -> float | None:
-        """Seconds per unit measured at ``gpus`` GPUs, as they are (None: no segment)."""
-        width = self._widths.get(float(gpus))
-        if width is None:
-            return None
-        return width.measured / width.forecast * self.prior.timing(gpus).mean
-
-    def contradicted(self, factor: float = 3.0) -> dict[float, tuple[float, float]]:
-        """Widths whose measured seconds per unit part from the profile's by more than
-        ``factor`` either way: ``gpus -> (measured, profile)``."""
-        out = {}
-        for g in self._widths:
-            measured, said = self.measured(g), self.prior.timing(g).mean
-            assert measured is not None
-            if not said / factor <= measured <= said * factor:
-                out[g] = (measured, said)
-        return out
-
     def ratio(self, gpus: float) -> float:
         """Seconds per unit at ``gpus`` GPUs relative to the prior (2.0: twice as slow)."""
         width = self._widths.get(float(gpus))
