@@ -22,7 +22,7 @@ is 4x. Run: ``python benchmarks/planner.py`` (a few minutes: the brute force); w
 plan, the static baselines (on-demand) and the cheapest static spot pool that meets the
 deadline by the planner's rule, the interruptions expected, and the deadline hit rate of
 both plans simulated again with fresh seeds, interruptions included; writes
-``benchmarks/results/planner_spot.json``.
+``benchmarks/results/planner_static_spot.json``.
 """
 
 from __future__ import annotations
@@ -507,7 +507,7 @@ def main_spot() -> None:
         ),
     }
     publish(
-        "planner_spot.json",
+        "planner_static_spot.json",
         "cost planner on spot capacity (issue 7)",
         summary,
         targets,

@@ -25,6 +25,7 @@ from flows.job import Job
 from flows.launch import Launcher
 from flows.pools import PoolSizer, PoolTarget
 from flows.progress import JobProgress
+from flows.replan import InFlight
 from flows.results import finish, leaderboard
 from flows.story import Story
 from infra.sizing import RELEASE_STAGE, publish_sizing
@@ -47,7 +48,8 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
     torch.set_num_threads(max(1, torch.get_num_threads() // spec.compute.workers))
     report = execution.report
     held = None if report is None else HeldForecast(report.forecast())
-    publish_plan(job, held)
+    flight = InFlight.of(job)
+    publish_plan(job, held, flight=flight)
     story = Story(job)
     pending = recover(job)
     story.begin(len(pending))
@@ -59,9 +61,11 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
             pool.backend if pool is not None else contextlib.nullcontext(),
             JobProgress(spec.metric, total) as progress,
         ):
-            run_segments(job, launcher, sizer, pending, progress, story, held)
+            run_segments(job, launcher, sizer, pending, progress, story, held, flight)
         summary = finish(job, story, held)
-        publish_plan(job, held, summary["wall_seconds"])
+        if flight is not None:
+            summary["replanning"] = flight.to_dict()
+        publish_plan(job, held, summary["wall_seconds"], flight)
         story.end(summary)
         return summary
     except BaseException as exc:
@@ -75,12 +79,18 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
             publish_sizing(pool.backend.records, key=artifact_key(job.job_id, "pool-sizing"))
 
 
-def publish_plan(job: Job, held: HeldForecast | None, wall_seconds: float | None = None) -> None:
-    """The plan artifact, again under the same key as stages end (Prefect keeps each
-    version)."""
+def publish_plan(
+    job: Job,
+    held: HeldForecast | None,
+    wall_seconds: float | None = None,
+    flight: InFlight | None = None,
+) -> None:
+    """The plan artifact, again under the same key as stages end and as the job re-plans
+    (Prefect keeps each version)."""
+    replans = "" if flight is None else flight.to_markdown()
     create_markdown_artifact(
         key=artifact_key(job.job_id, "plan"),
-        markdown=describe(job, held, wall_seconds),
+        markdown=describe(job, held, wall_seconds) + (f"\n\n{replans}" if replans else ""),
         description=f"plan of {job.job_id}",
     )
 
@@ -126,6 +136,7 @@ def run_segments(
     progress: JobProgress,
     story: Story,
     held: HeldForecast | None = None,
+    flight: InFlight | None = None,
 ) -> None:
     """Start what the admission policy lets start, record what finishes; until nothing
     runs and the scheduler hands out nothing more. A planned job's ``held`` forecast
@@ -137,11 +148,15 @@ def run_segments(
         story.starting(starting)
         for segment in starting:
             start(job, launcher, segment)
+        if flight is not None:
+            flight.started(starting)
         if not launcher.running:
             return
         segment, report = launcher.next_report()
         decisions = job.record(segment, report)
         story.decided(decisions)
+        if flight is not None and flight.finished(segment, story) is not None:
+            publish_plan(job, held, flight=flight)
         stage = f"stage b{segment.bracket}-r{segment.rung}"
         progress.update(stage, job.best_metric())
         if job.stage_done(segment, decisions):
@@ -150,7 +165,7 @@ def run_segments(
                 sizer.stage_done(segment)
             if held is not None:
                 held.stage_done(segment.bracket, segment.rung, time.monotonic() - job.began)
-                publish_plan(job, held)
+                publish_plan(job, held, flight=flight)
             create_table_artifact(
                 key=artifact_key(job.job_id, "leaderboard"),
                 table=leaderboard(job),

@@ -27,6 +27,7 @@ from prefect import get_run_logger
 
 from flows.job import Job
 from infra.sizing import SizingRecord
+from planners.cost.replan import Decision as ReplanDecision
 from planners.search.schedulers.base import Action, Decision, Segment
 
 DIGITS = 4  # significant digits of a metric or a configuration value
@@ -142,6 +143,14 @@ class Story:
             "stage %s done: %s, best %s %s", stage.name, _trials(stage.trials),
             self.job.spec.metric, told,
         )  # fmt: skip
+
+    def replanned(self, decision: ReplanDecision) -> None:
+        """A re-planning decision of a planned job (flows/replan.py), with its reason."""
+        if decision.deadline_at_risk:
+            self.log.warning("deadline at risk: going on at the fastest plan; %s",
+                             decision.describe())  # fmt: skip
+        else:
+            self.log.info("re-plan %s", decision.describe())
 
     def sized(self, records: Sequence[SizingRecord]) -> None:
         for r in records:

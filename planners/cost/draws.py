@@ -23,6 +23,7 @@ from planners.cost.pool import Array
 
 # What each stream is for (its purpose).
 DURATION, QUEUE, STARTUP, LIFETIME = 0, 1, 2, 3
+HELD = 4  # lifetimes of the spot nodes a chain already holds when it is simulated
 SPOT = 8  # replacement round r of a stage: SPOT + 8r + 0..3 (busy) and + 4..6 (idle)
 
 

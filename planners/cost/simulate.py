@@ -54,14 +54,14 @@ Example (docs/algorithms.md §5.6, plan (4,4,4)):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, InstanceType
-from planners.cost.draws import DURATION, LIFETIME, QUEUE, SPOT, STARTUP, Draws
+from planners.cost.draws import DURATION, HELD, LIFETIME, QUEUE, SPOT, STARTUP, Draws
 from planners.cost.outcome import ChainRun, Outcome
 from planners.cost.pool import Array, NodePool
 from planners.cost.trace import SegmentSpan, Trace
@@ -141,6 +141,9 @@ class PlanSimulator:
         packing: Run each stage as a Fluid TrialGroup: its trials take the widths
             StaticFluid packs them at over the stage's GPUs (its nodes), not the plan's
             GPUs per trial (see :meth:`packed`).
+        holding: Per bracket, the stage its chain has just finished, for a job re-planned in
+            flight (``planners.cost.replan``): the chain starts holding that stage's nodes,
+            ready at time 0 (Monte Carlo runs only; the nominal trace starts empty).
     """
 
     def __init__(
@@ -151,6 +154,7 @@ class PlanSimulator:
         seed: int = 0,
         quantile: float = 0.95,
         packing: bool = False,
+        holding: Mapping[int, StagePlan] | None = None,
     ):
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}")
@@ -164,6 +168,7 @@ class PlanSimulator:
         if packing:
             profile.check_packable()
         self.packing = packing
+        self.holding = dict(holding or {})
         self.draws = Draws(seed, samples)
         self._chains: dict[tuple[StagePlan, ...], ChainRun] = {}
         self._layouts: dict[tuple[StagePlan, str], tuple[Placement, Array, Array, Array]] = {}
@@ -182,6 +187,19 @@ class PlanSimulator:
             chains.append((run, run.released_cost + closing))
         cost = chains[0][1] if len(chains) == 1 else np.sum([c for _, c in chains], axis=0)
         return Outcome(jct, cost, self.quantile, tuple(chains))
+
+    def world(self, seed: int) -> PlanSimulator:
+        """A simulator like this one with one sample and ``seed``: one world in which a
+        plan is run, and decided on, stage by stage (``planners.cost.spot_deadline``)."""
+        return PlanSimulator(
+            self.catalog,
+            self.profile,
+            samples=1,
+            seed=seed,
+            quantile=self.quantile,
+            packing=self.packing,
+            holding=self.holding,
+        )
 
     def trace(self, plan: AllocationPlan) -> Trace:
         """The plan once with mean segment times and mean delays, node by node (spot
@@ -230,7 +248,17 @@ class PlanSimulator:
             state = self._prefixes.get(chain[:length])
             if state is not None:
                 return state.copy()
-        return _ChainState.start(self.samples, self.profile.job_overhead_s)
+        # A chain in flight still has the job's overhead ahead where it is spent at the
+        # job's end; counting all of it again errs on the safe side.
+        state = _ChainState.start(self.samples, self.profile.job_overhead_s)
+        last = self.holding.get(chain[0].bracket)
+        if last is not None:  # in flight: it holds its last stage's nodes, ready now
+            instance = self.catalog.get(last.instance_type, "plan.instance_type")
+            zero = np.zeros((self.samples, last.instances))
+            rate = instance.interruptions_per_second(last.market)
+            fails = self.draws.lifetimes(last, HELD, last.instances, rate) if rate > 0 else None
+            state.pool = NodePool(instance, last.market, zero, zero, fails)
+        return state
 
     def _provision(
         self, state: _ChainState, stage: StagePlan, instance: InstanceType, trace: Trace | None

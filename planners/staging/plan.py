@@ -90,11 +90,15 @@ class Allocation(Protocol):
 
 
 def allocate(plan: Plan, allocations: Iterable[Allocation]) -> Plan:
-    """The plan with each stage's GPUs per trial, concurrency and instance type set."""
+    """The plan with each stage's GPUs per trial, concurrency and instance type set; a
+    stage without an allocation keeps its own (a re-plan allocates the stages left)."""
     chosen = {(a.bracket, a.rung): a for a in allocations}
     stages = []
     for stage in plan.stages:
-        a = chosen[(stage.bracket, stage.rung)]
+        a = chosen.get((stage.bracket, stage.rung))
+        if a is None:
+            stages.append(stage)
+            continue
         stages.append(
             replace(
                 stage,

@@ -1,0 +1,236 @@
+"""Benchmark of re-planning in flight (issue 12, docs/algorithms.md §5.8).
+
+A SHA job (27 trials, eta 3, four stages) is planned with a profile that is wrong: the
+truth, which the planner does not see, is the profile's seconds per unit times an error
+factor from 0.5 to 2, with a straggler spread (``segment_cv``) of its own. Each scenario is
+played in ``--worlds`` worlds: one draw of the truth's stragglers and startup delays each
+(the simulator with one sample and the world's seed), the same draws for the three runs:
+
+- **static**: the plan made with the wrong profile, kept to the end;
+- **re-planned**: the same start; after the first wave of a stage that runs in waves and
+  at each stage barrier, the segments measured so far update a
+  :class:`~planners.cost.replan.ProfileEstimate` and a
+  :class:`~planners.cost.replan.Replanner` keeps or changes the remaining work;
+- **oracle**: the plan made with the true profile, kept to the end.
+
+The deadline of a scenario is ``--slack`` times the p95 JCT of the fastest plan under the
+profile or under the truth, whichever is longer: the user asks for what the profile says
+can be done, and the truth can do it. It prints the deadline hit rate over every world with
+re-planning and without, and the re-planned run's mean cost over the oracle's (goals:
+>= 95% hit, within 10%). Run: ``python benchmarks/replan.py`` (``--quick``: fewer worlds);
+writes ``benchmarks/results/replan.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from planners.cost.allocation import AllocationPlan, StagePlan
+from planners.cost.catalog import Catalog, read_catalog
+from planners.cost.draws import DURATION
+from planners.cost.replan import ProfileEstimate, Replanner, part
+from planners.cost.rubberband import RubberBand
+from planners.cost.simulate import PlanSimulator
+from planners.staging import Profile, Stage, place
+
+TYPES = ["g5.xlarge", "g5.12xlarge"]
+JOB = [Stage(0, 0, 27, 0, 1), Stage(0, 1, 9, 1, 3), Stage(0, 2, 3, 3, 9), Stage(0, 3, 1, 9, 27)]
+SPEEDUP = {2: 1.8, 4: 3.2}
+SECONDS_PER_UNIT = 240.0  # what the profile says on one GPU
+PRIOR_CV = 0.1
+ERRORS = (0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0)  # truth over profile
+SPREADS = (0.05, 0.2, 0.4)  # the truth's straggler spread
+SAMPLES = 100
+
+
+def profile(error: float, spread: float) -> Profile:
+    return Profile.from_scaling(SECONDS_PER_UNIT * error, speedup=SPEEDUP, segment_cv=spread)
+
+
+def fastest_p95(catalog: Catalog, profile: Profile) -> float:
+    """The p95 JCT of the job's fastest plan (RubberBand's answer to a 1 s deadline)."""
+    fastest = RubberBand(PlanSimulator(catalog, profile, samples=SAMPLES), TYPES, deadline=1.0)
+    smallest = fastest.plan(JOB).smallest_deadline
+    assert smallest is not None
+    return smallest
+
+
+def segment_times(world: PlanSimulator, stage: StagePlan) -> list[tuple[float, float, float]]:
+    """(GPUs, resource, seconds) of every segment of ``stage`` in ``world``: the durations
+    its simulator drew for the stage (same key, same normal draws)."""
+    z = world.draws.normals(stage.bracket, stage.rung, DURATION, stage.trials)[0]
+    out, i = [], 0
+    for tier in stage.tiers:
+        mean, sd = world.profile.segment(tier.gpus, tier.resource)
+        for _ in range(tier.trials):
+            out.append((tier.gpus, tier.resource, max(mean + sd * z[i], 0.0)))
+            i += 1
+    return out
+
+
+def first_wave(stage: StagePlan, catalog: Catalog) -> int:
+    """Trials of ``stage`` that start at once on its nodes (its slots)."""
+    return len(place(stage.sizes, catalog.get(stage.instance_type).gpus, stage.instances).slots)
+
+
+def play(
+    world: PlanSimulator,
+    plan: AllocationPlan,
+    decide: Callable[..., AllocationPlan] | None = None,
+) -> tuple[float, float, int]:
+    """Run ``plan`` (one chain) in ``world``. With ``decide``, the remaining work may be
+    re-planned after the first wave of every stage that runs in several waves, and at every
+    barrier; the world runs a stage's first wave and its rest as two parts with a barrier
+    between them (which makes the re-planned run a little slower than the flow's). Returns
+    the JCT, the cost and how many decisions changed the plan."""
+    executed: list[StagePlan] = []
+    finished: dict[tuple[int, int], int] = {}
+    remaining, changes = plan, 0
+    while True:
+        stage = remaining.chains[0][0]
+        key = (stage.bracket, stage.rung)
+        wave = first_wave(stage, world.catalog)
+        whole = decide is None or key in finished or wave >= stage.trials
+        piece = stage if whole else part(stage, 0, wave)
+        # Parts of one stage draw apart: their own rung in the world's keys.
+        keyed = piece.replace(rung=piece.rung + 100 * len(executed))
+        executed.append(keyed)
+        finished[key] = finished.get(key, 0) + piece.trials
+        run = world.chain(tuple(executed))
+        elapsed = float(run.ends[-1][0])
+        spent = float(run.released_cost[0] + run.closing_cost[0])
+        rest = _rest(remaining, piece)
+        if rest is None:
+            return elapsed, spent, changes
+        if decide is None:
+            remaining = rest
+            continue
+        segments = segment_times(world, keyed)
+        remaining = decide(rest, dict(finished), elapsed, spent, piece, segments)
+        changes += remaining != rest
+
+
+def _rest(remaining: AllocationPlan, piece: StagePlan) -> AllocationPlan | None:
+    """``remaining`` without ``piece``, the part of its first stage just run."""
+    chain = remaining.chains[0]
+    head = chain[0]
+    rest = chain[1:] if piece.trials == head.trials else (part(head, piece.trials), *chain[1:])
+    return AllocationPlan((rest,)) if rest else None
+
+
+def scenario(error: float, spread: float, worlds: int, slack: float) -> dict[str, Any]:
+    catalog = read_catalog()
+    prior, truth = profile(1.0, PRIOR_CV), profile(error, spread)
+    deadline = slack * max(fastest_p95(catalog, prior), fastest_p95(catalog, truth))
+    replanner = Replanner(catalog, TYPES, JOB, deadline=deadline, samples=SAMPLES)
+    static, oracle = replanner.plan(prior).plan, replanner.plan(truth).plan
+    truths = PlanSimulator(catalog, truth, samples=SAMPLES)
+    rows: dict[str, list[tuple[float, float, int]]] = {"static": [], "replanned": [], "oracle": []}
+    started = time.perf_counter()
+    for seed in range(worlds):
+        estimate = ProfileEstimate(prior)
+
+        def decide(
+            rest: AllocationPlan,
+            finished: dict[tuple[int, int], int],
+            elapsed: float,
+            spent: float,
+            last: StagePlan,
+            segments: list[tuple[float, float, float]],
+            estimate: ProfileEstimate = estimate,
+        ) -> AllocationPlan:
+            for segment in segments:
+                estimate.observe(*segment)
+            updated = estimate.profile()
+            return replanner.decide(rest, finished, elapsed, spent, updated, {0: last}).plan
+
+        rows["static"].append(play(truths.world(1000 + seed), static))
+        rows["replanned"].append(play(truths.world(1000 + seed), static, decide))
+        rows["oracle"].append(play(truths.world(1000 + seed), oracle))
+    seconds = time.perf_counter() - started
+    out: dict[str, Any] = {
+        "error": error,
+        "spread": spread,
+        "deadline_s": round(deadline, 1),
+    }
+    for name, runs in rows.items():
+        jct, cost, changes = (np.array(x, dtype=float) for x in zip(*runs, strict=True))
+        out[name] = {
+            "hit_rate": float(np.mean(jct <= deadline)),
+            "cost_mean_usd": round(float(cost.mean()), 4),
+            "jct_mean_s": round(float(jct.mean()), 1),
+            "replans_mean": round(float(changes.mean()), 2),
+        }
+    oracle_cost = out["oracle"]["cost_mean_usd"]
+    out["replanned_over_oracle_cost"] = round(out["replanned"]["cost_mean_usd"] / oracle_cost, 4)
+    out["static_over_oracle_cost"] = round(out["static"]["cost_mean_usd"] / oracle_cost, 4)
+    out["seconds"] = round(seconds, 1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", type=int, default=40, help="worlds per scenario")
+    parser.add_argument("--slack", type=float, default=1.3, help="deadline / fastest p95")
+    parser.add_argument("--quick", action="store_true", help="4 worlds per scenario")
+    args = parser.parse_args()
+    worlds = 4 if args.quick else args.worlds
+    rows = []
+    for error, spread in itertools.product(ERRORS, SPREADS):
+        row = scenario(error, spread, worlds, args.slack)
+        rows.append(row)
+        print(
+            f"error {error:4.2f}x spread {spread:4.2f}: hit re-planned "
+            f"{row['replanned']['hit_rate']:6.1%} static {row['static']['hit_rate']:6.1%}; "
+            f"cost / oracle re-planned {row['replanned_over_oracle_cost']:.3f} "
+            f"static {row['static_over_oracle_cost']:.3f} ({row['seconds']} s)",
+            flush=True,
+        )
+    summary = {
+        "scenarios": len(rows),
+        "worlds_per_scenario": worlds,
+        "deadline_slack": args.slack,
+        "hit_rate_replanned": round(float(np.mean([r["replanned"]["hit_rate"] for r in rows])), 4),
+        "hit_rate_static": round(float(np.mean([r["static"]["hit_rate"] for r in rows])), 4),
+        "hit_rate_oracle": round(float(np.mean([r["oracle"]["hit_rate"] for r in rows])), 4),
+        "mean_replanned_over_oracle_cost": round(
+            float(np.mean([r["replanned_over_oracle_cost"] for r in rows])), 4
+        ),
+        "max_replanned_over_oracle_cost": max(r["replanned_over_oracle_cost"] for r in rows),
+    }
+    targets = {
+        "deadline hit >= 95% with re-planning": summary["hit_rate_replanned"] >= 0.95,
+        "mean cost within 10% of the oracle plan": summary["mean_replanned_over_oracle_cost"]
+        <= 1.10,
+    }
+    print()
+    for key, value in summary.items():
+        print(f"{key:40} {value}")
+    for key, met in targets.items():
+        print(f"{'MET   ' if met else 'MISSED'} {key}")
+    out = Path(__file__).parent / "results" / "replan.json"
+    payload = {
+        "benchmark": "re-planning in flight (issue 12)",
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "samples": SAMPLES,
+        "instance_types": TYPES,
+        "summary": summary,
+        "targets": targets,
+        "scenarios": rows,
+    }
+    out.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""A planned job re-planned while it runs (docs/algorithms.md §5.8): the driver's side of
+``planners.cost.replan``.
+
+:class:`InFlight` times every segment from its start to its report, feeds the seconds to
+the job's :class:`~planners.cost.replan.ProfileEstimate`, and asks the
+:class:`~planners.cost.replan.Replanner` whether to keep the plan of the work left at two
+moments of every stage: when as many of its segments have finished as run at once (its
+first wave, if it has more) and when it is done (if stages are left). A changed plan sets
+the concurrency, GPUs per trial and instance type of the stages left in the job's
+execution plan, which admission reads. Each decision is told in the flow's log (the
+Story), kept for the plan artifact and the job's summary (``run --json``: ``replanning``),
+and a deadline out of reach sets the parent run's MLflow tag ``elastune.deadline_at_risk``.
+
+Only jobs RubberBand sized are re-planned (a profile, a deadline or a budget, a staged
+scheduler; SEER chooses the trials themselves), and not packed ones, whose stage packer
+sets the widths itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from flows.job import Job
+from flows.story import Story
+from planners.cost.allocation import AllocationPlan, StagePlan
+from planners.cost.job import instance_types, job_profile
+from planners.cost.replan import Decision, ProfileEstimate, Replanner
+from planners.cost.report import PlanReport, rows_for
+from planners.search.schedulers.base import Segment
+from planners.staging.admission import StageSlots
+from planners.staging.plan import allocate, compile_plan
+
+AT_RISK_TAG = "elastune.deadline_at_risk"
+
+
+class InFlight:
+    """Re-plans ``job`` from its own segments (module docstring); ``report`` is the cost
+    planner's plan of the job, the one it started with."""
+
+    def __init__(self, job: Job, report: PlanReport):
+        spec = job.spec
+        prior = job_profile(spec)
+        self.job = job
+        self.plan = report.plan
+        self.catalog = report.catalog
+        self.estimate = ProfileEstimate(prior)
+        self.replanner = Replanner(
+            report.catalog,
+            instance_types(spec, report.catalog, prior),
+            compile_plan(spec).stages,
+            deadline=report.deadline_s,
+            budget=report.budget_usd,
+            max_gpus=spec.compute.max_gpus,
+            spot=spec.compute.spot,
+            samples=report.samples,
+        )
+        self.decisions: list[tuple[float, Decision]] = []  # (elapsed seconds, decision)
+        self._trials = {(s.bracket, s.rung): s.trials for s in self.replanner.stages}
+        self._started: dict[tuple[int, float], float] = {}  # (trial, start) -> clock
+        self._spent, self._billed_to = 0.0, 0.0
+
+    @classmethod
+    def of(cls, job: Job) -> InFlight | None:
+        """The re-planner of a job the cost planner sized; None for any other job."""
+        execution, report = job.execution, job.execution.report
+        if report is None or report.planner != "rubberband" or execution.mode.packed:
+            return None
+        return cls(job, report)
+
+    @property
+    def deadline_at_risk(self) -> bool:
+        return any(d.deadline_at_risk for _, d in self.decisions)
+
+    def started(self, segments: list[Segment]) -> None:
+        now = time.monotonic()
+        for segment in segments:
+            self._started[(segment.trial, segment.start)] = now
+
+    def finished(self, segment: Segment, story: Story) -> Decision | None:
+        """Record a finished segment; re-plan if it ends a first wave or a stage."""
+        began = self._started.pop((segment.trial, segment.start), None)
+        if began is not None:
+            seconds = time.monotonic() - began
+            self.estimate.observe(segment.gpus, segment.stop - segment.start, seconds)
+        stage = self.job.execution.stage(segment)
+        assert stage is not None  # a planned job is staged
+        done = self.job.tally.stage_results.get((segment.bracket, segment.rung), 0)
+        wave = done == stage.slots and done < stage.trials
+        if not wave and done != stage.trials:
+            return None
+        finished = dict(self.job.tally.stage_results)
+        if all(finished.get(key, 0) >= trials for key, trials in self._trials.items()):
+            return None
+        return self._decide(finished, story)
+
+    def _decide(self, finished: dict[tuple[int, int], int], story: Story) -> Decision:
+        elapsed = time.monotonic() - self.job.began
+        holding = {}
+        for chain in self.plan.chains:  # the nodes of the stage running or just finished
+            begun = [s for s in chain if finished.get(_key(s), 0) > 0]
+            holding[chain[0].bracket] = begun[-1] if begun else chain[0]
+        self._bill(elapsed, list(holding.values()))
+        decision = self.replanner.decide(
+            self.plan, finished, elapsed, self._spent, self.estimate.profile(), holding
+        )
+        self.decisions.append((elapsed, decision))
+        story.replanned(decision)
+        if decision.deadline_at_risk:
+            self.job.runs.tracker.set_tags(self.job.runs.parent, {AT_RISK_TAG: "true"})
+        if decision.changed:
+            self._apply(decision)
+        return decision
+
+    def _bill(self, now: float, held: list[StagePlan]) -> None:
+        """What the nodes held since the last decision cost, at their price."""
+        rate = sum(
+            self.catalog.get(s.instance_type).price(s.market) * s.instances / 3600 for s in held
+        )
+        self._spent += rate * (now - self._billed_to)
+        self._billed_to = now
+
+    def _apply(self, decision: Decision) -> None:
+        """The stages left run as ``decision`` planned them."""
+        chosen = {(s.bracket, s.rung): s for s in decision.plan.stages}
+        self.plan = AllocationPlan(
+            tuple(
+                tuple(chosen.get((s.bracket, s.rung), s) for s in chain)
+                for chain in self.plan.chains
+            ),
+            self.plan.hold,
+        )
+        rows = rows_for(decision.plan, decision.outcome, self.catalog)
+        execution = self.job.execution
+        assert execution.plan is not None
+        plan = allocate(execution.plan, [row.allocation for row in rows])
+        execution = dataclasses.replace(execution, plan=plan, admission=StageSlots(plan))
+        self.job.compiled = dataclasses.replace(self.job.compiled, execution=execution)
+
+    def to_dict(self) -> dict[str, Any]:
+        """For the job's summary: every decision, and whether the deadline is at risk."""
+        return {
+            "deadline_at_risk": self.deadline_at_risk,
+            "decisions": [{"elapsed_s": round(at, 1), **d.to_dict()} for at, d in self.decisions],
+        }
+
+    def to_markdown(self) -> str:
+        """The re-plans for the plan artifact."""
+        if not self.decisions:
+            return ""
+        lines = ["## Re-plans", "", "| at (s) | reason | changed | decision |", "|---|---|---|---|"]
+        lines += [
+            f"| {at:.0f} | {d.reason.value} | {'yes' if d.changed else 'no'} | {d.describe()} |"
+            for at, d in self.decisions
+        ]
+        return "\n".join(lines)
+
+
+def _key(stage: StagePlan) -> tuple[int, int]:
+    return (stage.bracket, stage.rung)

@@ -1,0 +1,371 @@
+"""Re-planning in flight (docs/algorithms.md §5.8): the profile learnt from the job's own
+segments, and at each stage barrier whether to keep the plan of the remaining stages.
+
+:class:`ProfileEstimate` holds the profile the plan was made with (the prior) and the
+segments measured since. Each segment gives the ratio of its measured seconds (less the
+profile's ``overhead_s``) to the prior's ``resource x seconds per unit`` at its width; a
+width's ratio is the resource-weighted mean of its segments' ratios, shrunk towards the
+pooled ratio of every width by ``prior_weight`` pseudo-segments, and a width not seen yet
+takes the pooled ratio (the pooled one is shrunk towards 1, the prior, the same way). The
+straggler spread (``segment_cv``) is the pooled sd of the segments' ratios around their
+width's ratio, mixed with the prior's spread by the same weight.
+
+:class:`Replanner` decides, given the plan, the trials finished per stage, the seconds
+elapsed and the dollars spent, and the updated profile; at a barrier or inside a stage
+(its trials left are then a stage of their own, whose concurrency the new plan may
+change). It prices the plan of the remaining work with
+:class:`~planners.cost.simulate.PlanSimulator` and lets
+:class:`~planners.cost.rubberband.RubberBand` plan it afresh against what is left of the
+deadline; then, in this order:
+
+- ``late``: the kept plan misses the remaining deadline at the simulator's quantile, and
+  the new plan meets it: switch;
+- ``deadline_at_risk``: no plan meets the remaining deadline any more: go on at the
+  fastest plan (RubberBand's infeasible answer) and say so;
+- ``over_budget``: the kept plan's cost at the quantile exceeds what is left of the
+  budget and the new plan (which meets the deadline) costs less: switch;
+- ``cheaper``: the new plan meets both and its mean cost is below the kept plan's by more
+  than ``margin`` (a re-plan moves nodes, so a small saving is not worth it): switch;
+- ``on_track``: keep the plan.
+
+The remaining stages are priced as a job of their own whose chains start holding the
+nodes of the stage each has just finished (``PlanSimulator(holding=...)``): a next stage
+that keeps them pays no startup, one that changes type or market releases them.
+
+Example (the profile said 720 s per unit; the first stage measured twice that):
+    >>> from planners.cost.catalog import parse_catalog
+    >>> from planners.staging import Profile, Stage
+    >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
+    ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
+    >>> prior = Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2})
+    >>> job = [Stage(0, 0, 8, 0, 1), Stage(0, 1, 4, 1, 3), Stage(0, 2, 2, 3, 7)]
+    >>> replanner = Replanner(catalog, ["p3.8xlarge"], job, deadline=80 * 60, samples=50)
+    >>> plan = replanner.plan(prior).plan
+    >>> plan.gpus_per_trial
+    (('1', '1', '2'),)
+    >>> estimate = ProfileEstimate(prior)
+    >>> for _ in range(8):
+    ...     estimate.observe(1, 1.0, 1440.0)
+    >>> round(estimate.ratio(1), 2), round(estimate.ratio(4), 2)
+    (1.99, 1.89)
+    >>> held = {0: plan.chains[0][0]}  # the nodes of the stage just finished
+    >>> finished = {(0, 0): 8}  # trials done per stage
+    >>> decision = replanner.decide(plan, finished, 1600.0, 20.0, estimate.profile(), held)
+    >>> decision.reason, decision.plan.gpus_per_trial, decision.deadline_at_risk
+    (<Reason.LATE: 'late'>, (('4', '4'),), False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from planners.cost.allocation import AllocationPlan, StagePlan
+from planners.cost.catalog import Catalog
+from planners.cost.outcome import Outcome
+from planners.cost.rubberband import RubberBand, RubberBandResult
+from planners.cost.simulate import PlanSimulator
+from planners.staging import Profile, Stage, Timing
+
+
+@dataclass
+class _Width:
+    """Sums over the segments measured at one width."""
+
+    measured: float = 0.0  # seconds of work (overhead removed)
+    forecast: float = 0.0  # the prior's seconds for the same work
+    ratios: list[float] = field(default_factory=list)
+
+
+class ProfileEstimate:
+    """The prior profile corrected by the job's measured segments (module docstring).
+
+    Args:
+        prior: The profile the plan was made with.
+        prior_weight: How many segments the prior counts for against the measurements.
+    """
+
+    def __init__(self, prior: Profile, prior_weight: float = 1.0):
+        if not prior_weight > 0:
+            raise ValueError(f"prior_weight must be > 0, got {prior_weight}")
+        self.prior = prior
+        self.prior_weight = prior_weight
+        self._widths: dict[float, _Width] = {}
+
+    @property
+    def segments(self) -> int:
+        """Segments measured so far."""
+        return sum(len(w.ratios) for w in self._widths.values())
+
+    def observe(self, gpus: float, resource: float, seconds: float) -> None:
+        """One finished segment: ``resource`` units on ``gpus`` GPUs took ``seconds``."""
+        if not resource > 0:
+            return  # a segment that trains nothing says nothing about the speed
+        forecast = resource * self.prior.timing(gpus).mean
+        measured = max(seconds - self.prior.overhead_s, 0.0)
+        width = self._widths.setdefault(float(gpus), _Width())
+        width.measured += measured
+        width.forecast += forecast
+        width.ratios.append(measured / forecast)
+
+    def _shrunk(self, measured: float, forecast: float, count: int, towards: float) -> float:
+        if count == 0:
+            return towards
+        return (count * measured / forecast + self.prior_weight * towards) / (
+            count + self.prior_weight
+        )
+
+    def pooled(self) -> float:
+        """Measured over forecast seconds across every width, shrunk towards 1."""
+        widths = self._widths.values()
+        measured, forecast = sum(w.measured for w in widths), sum(w.forecast for w in widths)
+        return self._shrunk(measured, forecast or 1.0, self.segments, 1.0)
+
+    def ratio(self, gpus: float) -> float:
+        """Seconds per unit at ``gpus`` GPUs relative to the prior (2.0: twice as slow)."""
+        width = self._widths.get(float(gpus))
+        if width is None:
+            return self.pooled()
+        return self._shrunk(width.measured, width.forecast, len(width.ratios), self.pooled())
+
+    def spread(self) -> float:
+        """Straggler spread: the segments' relative sd around their width's ratio."""
+        squares, dof = 0.0, 0
+        for width in self._widths.values():
+            mean = width.measured / width.forecast
+            squares += sum((r / mean - 1) ** 2 for r in width.ratios)
+            dof += len(width.ratios) - 1
+        prior = self.prior.segment_cv
+        if dof <= 0:
+            return prior
+        return math.sqrt((self.prior_weight * prior**2 + squares) / (self.prior_weight + dof))
+
+    def profile(self) -> Profile:
+        """The prior with every width's timing scaled by its ratio and the measured spread."""
+        timings = {
+            g: Timing(t.mean * self.ratio(g), t.sd * self.ratio(g))
+            for g, t in self.prior.timings.items()
+        }
+        return dataclasses.replace(self.prior, timings=timings, segment_cv=self.spread())
+
+
+class Reason(StrEnum):
+    """Why a re-planning decision kept or changed the plan (module docstring)."""
+
+    ON_TRACK = "on_track"
+    LATE = "late"
+    OVER_BUDGET = "over_budget"
+    CHEAPER = "cheaper"
+    DEADLINE_AT_RISK = "deadline_at_risk"
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A plan of the remaining stages, priced: JCT and cost at the quantile, mean cost."""
+
+    jct_s: float
+    cost_q: float
+    cost_mean: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to run for the remaining stages, and why. ``plan`` holds only the work not
+    finished, ``outcome`` is its simulation from now; ``kept`` and ``chosen`` forecast the
+    old and the chosen plan."""
+
+    reason: Reason
+    plan: AllocationPlan
+    outcome: Outcome
+    changed: bool
+    kept: Forecast
+    chosen: Forecast
+    deadline_left_s: float | None
+    budget_left_usd: float | None
+
+    @property
+    def deadline_at_risk(self) -> bool:
+        return self.reason is Reason.DEADLINE_AT_RISK
+
+    def to_dict(self) -> dict[str, object]:
+        """The decision as the plan artifact and ``run --json`` list it."""
+        return {
+            "reason": self.reason.value,
+            "changed": self.changed,
+            "deadline_at_risk": self.deadline_at_risk,
+            "deadline_left_s": self.deadline_left_s,
+            "kept": dataclasses.asdict(self.kept),
+            "chosen": dataclasses.asdict(self.chosen),
+            "gpus_per_trial": [list(chain) for chain in self.plan.gpus_per_trial],
+        }
+
+    def describe(self) -> str:
+        """One line for a log: the reason and the two forecasts."""
+        left = "" if self.deadline_left_s is None else f" of {self.deadline_left_s:.0f} s left"
+        return (
+            f"{self.reason.value}: kept plan p-JCT {self.kept.jct_s:.0f} s{left}, "
+            f"${self.kept.cost_mean:.2f}; chosen {self.chosen.jct_s:.0f} s, "
+            f"${self.chosen.cost_mean:.2f}"
+        )
+
+
+class Replanner:
+    """Re-plans a job's remaining stages at its barriers (module docstring).
+
+    Args:
+        catalog: Instance types and prices.
+        instance_types: Types a stage may use.
+        stages: Every stage of the job (the scheduler's geometry).
+        deadline: Seconds from the job's start; None: no deadline.
+        budget: Dollars for the whole job; None: no budget.
+        max_gpus, spot: As for :class:`RubberBand`.
+        samples, seed, quantile: As for :class:`PlanSimulator`.
+        margin: Least relative saving in mean cost that a ``cheaper`` re-plan needs.
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        instance_types: Sequence[str],
+        stages: Sequence[Stage],
+        *,
+        deadline: float | None = None,
+        budget: float | None = None,
+        max_gpus: int | None = None,
+        spot: bool = False,
+        samples: int = 200,
+        seed: int = 0,
+        quantile: float = 0.95,
+        margin: float = 0.05,
+    ):
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin must lie in [0, 1), got {margin}")
+        self.catalog = catalog
+        self.instance_types = list(instance_types)
+        self.stages = list(stages)
+        self.deadline = deadline
+        self.budget = budget
+        self.max_gpus = max_gpus
+        self.spot = spot
+        self.samples, self.seed, self.quantile = samples, seed, quantile
+        self.margin = margin
+
+    def _rubberband(
+        self,
+        profile: Profile,
+        deadline: float | None,
+        holding: Mapping[int, StagePlan] | None = None,
+    ) -> RubberBand:
+        simulator = PlanSimulator(
+            self.catalog,
+            profile,
+            samples=self.samples,
+            seed=self.seed,
+            quantile=self.quantile,
+            holding=holding,
+        )
+        return RubberBand(
+            simulator,
+            self.instance_types,
+            deadline=deadline,
+            max_gpus=self.max_gpus,
+            spot=self.spot,
+        )
+
+    def plan(self, profile: Profile) -> RubberBandResult:
+        """The plan of the whole job made before it starts (the static plan)."""
+        return self._rubberband(profile, self.deadline).plan(self.stages)
+
+    def decide(
+        self,
+        plan: AllocationPlan,
+        finished: Mapping[tuple[int, int], int],
+        elapsed: float,
+        spent: float,
+        profile: Profile,
+        holding: Mapping[int, StagePlan] | None = None,
+    ) -> Decision:
+        """Keep or change ``plan`` for the work left: ``finished`` counts the trials done
+        per stage ((bracket, rung); a stage not named has none), ``elapsed`` seconds and
+        ``spent`` dollars into the job, timed by ``profile``. ``holding``: per bracket, the
+        stage whose nodes the chain holds now (the one running or just finished)."""
+        remaining = left_to_run(self.stages, finished)
+        if not remaining:
+            raise ValueError("every stage is done: nothing left to re-plan")
+        kept_plan = _remaining(plan, self.stages, finished)
+        # A deadline already passed still gets a plan: the fastest (1 s cannot be met).
+        deadline_left = None if self.deadline is None else max(self.deadline - elapsed, 1.0)
+        budget_left = None if self.budget is None else self.budget - spent
+        rubberband = self._rubberband(profile, deadline_left, holding)
+        kept_outcome = rubberband.simulator.run(kept_plan)
+        kept = _forecast(rubberband, kept_plan, kept_outcome)
+        fresh = rubberband.plan(remaining)
+        chosen = _forecast(rubberband, fresh.plan, fresh.outcome)
+
+        def decision(reason: Reason, chosen_plan: AllocationPlan) -> Decision:
+            changed = chosen_plan != kept_plan
+            forecast, outcome = (chosen, fresh.outcome) if changed else (kept, kept_outcome)
+            return Decision(
+                reason, chosen_plan, outcome, changed, kept, forecast, deadline_left, budget_left
+            )
+
+        if not fresh.feasible:
+            return decision(Reason.DEADLINE_AT_RISK, fresh.plan)
+        if deadline_left is not None and kept.jct_s > deadline_left:
+            return decision(Reason.LATE, fresh.plan)
+        if budget_left is not None and kept.cost_q > budget_left and chosen.cost_q < kept.cost_q:
+            return decision(Reason.OVER_BUDGET, fresh.plan)
+        if chosen.cost_mean < kept.cost_mean * (1 - self.margin):
+            return decision(Reason.CHEAPER, fresh.plan)
+        return decision(Reason.ON_TRACK, kept_plan)
+
+
+def left_to_run(stages: Sequence[Stage], finished: Mapping[tuple[int, int], int]) -> list[Stage]:
+    """The stages with trials left, each with only those trials."""
+    out = []
+    for stage in stages:
+        left = stage.trials - finished.get((stage.bracket, stage.rung), 0)
+        if left > 0:
+            out.append(dataclasses.replace(stage, trials=left))
+    return out
+
+
+def part(stage: StagePlan, skip: int, count: int | None = None) -> StagePlan:
+    """``stage`` with only its trials from ``skip`` on (``count`` of them; None: all), in
+    rank order, on the same nodes."""
+    trials = [tier for tier in stage.tiers for _ in range(tier.trials)]
+    kept = trials[skip:] if count is None else trials[skip : skip + count]
+    if not kept:
+        raise ValueError(f"stage {stage.name} has no trials from {skip} on")
+    tiers = tuple(
+        dataclasses.replace(tier, trials=kept.count(tier)) for tier in dict.fromkeys(kept)
+    )
+    return stage.replace(tiers=tiers)
+
+
+def _forecast(rubberband: RubberBand, plan: AllocationPlan, outcome: Outcome) -> Forecast:
+    """``plan``'s forecast, its JCT judged as RubberBand judges it against the deadline."""
+    spot = any(stage.market == "spot" for stage in plan.stages)
+    return Forecast(rubberband.judged(outcome.jct, spot), outcome.cost_q, outcome.cost_mean)
+
+
+def _remaining(
+    plan: AllocationPlan, stages: Sequence[Stage], finished: Mapping[tuple[int, int], int]
+) -> AllocationPlan:
+    """``plan`` for the trials of the job's ``stages`` not finished, chains with none left
+    dropped. A stage of ``plan`` may hold only the trials that were left when it was
+    chosen (a plan chosen inside that stage): its last ones are those left now."""
+    left = {(s.bracket, s.rung): s.trials - finished.get((s.bracket, s.rung), 0) for s in stages}
+    chains = []
+    for chain in plan.chains:
+        kept = []
+        for stage in chain:
+            n = left[stage.bracket, stage.rung]
+            if n > 0:
+                kept.append(part(stage, stage.trials - n) if n < stage.trials else stage)
+        if kept:
+            chains.append(tuple(kept))
+    return AllocationPlan(tuple(chains), plan.hold)

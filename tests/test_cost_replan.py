@@ -1,0 +1,206 @@
+"""Re-planning in flight and spot with a deadline (planners/cost/replan.py, spot_deadline.py;
+docs/algorithms.md §5.8, §5.9): pure, in milliseconds."""
+
+from __future__ import annotations
+
+import pytest
+
+from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
+from planners.cost.catalog import parse_catalog
+from planners.cost.replan import ProfileEstimate, Reason, Replanner, left_to_run, part
+from planners.cost.simulate import PlanSimulator
+from planners.cost.spot_deadline import SpotDeadline, plan_spot
+from planners.staging import Profile, Stage
+
+CATALOG = parse_catalog(
+    {
+        "instance_types": {
+            "p3.8xlarge": {
+                "gpus": 4,
+                "gpu": "V100",
+                "price_per_hour": 12.24,
+                "startup": {"mean_s": 180},
+                "spot": {"discount": 0.7, "interruptions_per_hour": 0.5},
+            }
+        }
+    }
+)
+TYPES = ["p3.8xlarge"]
+PRIOR = Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}, segment_cv=0.05)
+JOB = [Stage(0, 0, 8, 0, 1), Stage(0, 1, 4, 1, 3), Stage(0, 2, 2, 3, 7)]
+DEADLINE = 80 * 60
+
+
+def scaled(factor: float) -> Profile:
+    return Profile.from_scaling(720 * factor, speedup={2: 1.8, 4: 3.2}, segment_cv=0.05)
+
+
+def replanner(**options: float) -> Replanner:
+    options.setdefault("deadline", DEADLINE)
+    return Replanner(CATALOG, TYPES, JOB, samples=100, **options)  # type: ignore[arg-type]
+
+
+def after_first_stage(plan: AllocationPlan) -> tuple[dict[tuple[int, int], int], dict]:
+    return {(0, 0): 8}, {0: plan.chains[0][0]}
+
+
+# --- the profile estimate -----------------------------------------------------------------
+
+
+def test_the_estimate_is_the_prior_until_a_segment_is_measured() -> None:
+    estimate = ProfileEstimate(PRIOR)
+    assert estimate.profile() == PRIOR
+    estimate.observe(1, 0.0, 500.0)  # trains nothing: says nothing
+    assert estimate.segments == 0
+
+
+def test_measured_segments_scale_their_width_and_the_pooled_ratio_the_others() -> None:
+    estimate = ProfileEstimate(PRIOR, prior_weight=1.0)
+    for seconds in (1400.0, 1480.0, 1440.0, 1440.0):
+        estimate.observe(1, 1.0, seconds)
+    assert estimate.ratio(1) == pytest.approx((4 * 2.0 + estimate.pooled()) / 5)
+    assert estimate.pooled() == pytest.approx((4 * 2.0 + 1.0) / 5)
+    assert estimate.ratio(4) == estimate.pooled()
+    updated = estimate.profile()
+    assert updated.timing(1).mean == pytest.approx(720 * estimate.ratio(1))
+    assert updated.timing(4).mean == pytest.approx(225 * estimate.pooled())
+    # The spread of the four around their mean (sd 0.0163 relative), mixed with the prior.
+    assert 0.02 < estimate.spread() < 0.05
+
+
+def test_the_overhead_is_not_counted_as_work() -> None:
+    prior = Profile({1: 100.0}, overhead_s=20.0)
+    estimate = ProfileEstimate(prior, prior_weight=1e-9)
+    estimate.observe(1, 2.0, 220.0)
+    assert estimate.ratio(1) == pytest.approx(1.0)
+
+
+# --- decisions ----------------------------------------------------------------------------
+
+
+def test_a_run_as_the_profile_said_keeps_its_plan() -> None:
+    planner = replanner()
+    plan = planner.plan(PRIOR).plan
+    finished, held = after_first_stage(plan)
+    decision = planner.decide(plan, finished, 900.0, 5.0, PRIOR, held)
+    assert decision.reason is Reason.ON_TRACK and not decision.changed
+    assert decision.plan == AllocationPlan((plan.chains[0][1:],))
+    assert decision.kept.jct_s <= DEADLINE - 900
+
+
+def test_a_run_twice_as_slow_replans_the_rest_to_meet_the_deadline() -> None:
+    planner = replanner()
+    plan = planner.plan(PRIOR).plan
+    finished, held = after_first_stage(plan)
+    decision = planner.decide(plan, finished, 1600.0, 5.0, scaled(2.0), held)
+    assert decision.reason is Reason.LATE and decision.changed
+    assert decision.kept.jct_s > DEADLINE - 1600 >= decision.chosen.jct_s
+    assert not decision.deadline_at_risk
+    assert "late" in decision.describe()
+
+
+def test_a_deadline_out_of_reach_goes_on_at_the_fastest_plan_and_says_so() -> None:
+    planner = replanner()
+    plan = planner.plan(PRIOR).plan
+    finished, held = after_first_stage(plan)
+    decision = planner.decide(plan, finished, DEADLINE - 60.0, 5.0, scaled(2.0), held)
+    assert decision.reason is Reason.DEADLINE_AT_RISK and decision.deadline_at_risk
+    assert decision.plan.gpus_per_trial == (("4", "4"),)  # the fastest on this type
+    # Past the deadline: still a plan, not a crash.
+    late = planner.decide(plan, finished, DEADLINE + 600.0, 5.0, scaled(2.0), held)
+    assert late.deadline_at_risk and late.deadline_left_s == 1.0
+
+
+def test_a_faster_run_moves_to_a_cheaper_plan() -> None:
+    planner = replanner(deadline=2400.0)  # tight: the plan is wide, and dear
+    plan = planner.plan(PRIOR).plan
+    finished, held = after_first_stage(plan)
+    decision = planner.decide(plan, finished, 400.0, 5.0, scaled(0.5), held)
+    assert decision.reason is Reason.CHEAPER and decision.changed
+    assert decision.chosen.cost_mean < decision.kept.cost_mean * 0.95
+
+
+def test_a_plan_over_the_budget_moves_to_one_within_it() -> None:
+    fastest = replanner(deadline=1.0).plan(PRIOR).plan  # dear: 4 GPUs per trial throughout
+    planner = replanner(budget=20.0, margin=0.99)  # margin: no "cheaper" re-plan
+    finished, held = after_first_stage(fastest)
+    decision = planner.decide(fastest, finished, 900.0, 10.0, PRIOR, held)
+    assert decision.reason is Reason.OVER_BUDGET
+    assert decision.kept.cost_q > 10.0 and decision.chosen.cost_q < decision.kept.cost_q
+
+
+def test_inside_a_stage_only_its_trials_left_are_replanned() -> None:
+    planner = replanner()
+    plan = planner.plan(PRIOR).plan
+    finished = {(0, 0): 3}
+    assert [s.trials for s in left_to_run(JOB, finished)] == [5, 4, 2]
+    decision = planner.decide(plan, finished, 700.0, 2.0, scaled(2.0), {0: plan.chains[0][0]})
+    assert decision.plan.chains[0][0].trials == 5
+    kept = decision.kept  # the kept plan counts the 5 trials left, not 8
+    assert kept.jct_s < planner.decide(plan, {}, 0.0, 0.0, scaled(2.0)).kept.jct_s
+    with pytest.raises(ValueError, match="nothing left"):
+        planner.decide(plan, {(0, 0): 8, (0, 1): 4, (0, 2): 2}, 0.0, 0.0, PRIOR)
+
+
+def test_part_keeps_the_trials_in_rank_order() -> None:
+    stage = StagePlan(0, 0, (GpuTier(2, 4.0, 1.0), GpuTier(3, 1.0, 1.0)), "p3.8xlarge", 2)
+    assert part(stage, 1).tiers == (GpuTier(1, 4.0, 1.0), GpuTier(3, 1.0, 1.0))
+    assert part(stage, 0, 2).tiers == (GpuTier(2, 4.0, 1.0),)
+    with pytest.raises(ValueError):
+        part(stage, 5)
+
+
+def test_a_held_pool_starts_without_a_startup() -> None:
+    stage = StagePlan(0, 1, (GpuTier(4, 1.0, 2.0),), "p3.8xlarge", 1)
+    fresh = PlanSimulator(CATALOG, PRIOR, samples=20).chain((stage,))
+    held = PlanSimulator(CATALOG, PRIOR, samples=20, holding={0: stage}).chain((stage,))
+    assert float((fresh.end - held.end).min()) == pytest.approx(180.0)
+    other_type = dict(CATALOG.instance_types)  # a held pool of another market is released
+    assert other_type
+    spot_held = PlanSimulator(
+        CATALOG, PRIOR, samples=20, holding={0: stage.replace(market="spot")}
+    ).chain((stage,))
+    assert float((spot_held.end - held.end).min()) == pytest.approx(180.0)
+
+
+# --- spot with a deadline -------------------------------------------------------------------
+
+
+def spot_chain() -> AllocationPlan:
+    return AllocationPlan(
+        (
+            tuple(
+                StagePlan(0, k, (GpuTier(n, 1.0, r),), "p3.8xlarge", max(1, n // 4))
+                for k, (n, r) in enumerate([(8, 1), (4, 2), (2, 4)])
+            ),
+        )
+    )
+
+
+def test_spot_is_used_while_the_slack_allows() -> None:
+    simulator = PlanSimulator(CATALOG, PRIOR, samples=300)
+    policy = SpotDeadline(simulator, spot_chain(), deadline=4 * 3600)
+    assert [policy.market(k, 0.0) for k in range(3)] == ["spot"] * 3
+    # With the slack spent, the last stage goes on-demand.
+    assert policy.market(2, 4 * 3600 - policy.rest[2] + 1) == "on-demand"
+    assert policy.spot[2] > policy.rest[2]  # spot's tail is longer than on-demand's
+
+
+def test_a_spot_run_meets_its_deadline_in_every_world_here() -> None:
+    simulator = PlanSimulator(CATALOG, PRIOR, samples=300)
+    deadline = 2.0 * 3600
+    policy = SpotDeadline(simulator, spot_chain(), deadline)
+    runs = [policy.play(simulator.world(seed)) for seed in range(50)]
+    assert all(jct <= deadline for jct, _, _ in runs)
+    assert any("spot" in markets for _, _, markets in runs)
+    assert any("on-demand" in markets for _, _, markets in runs)
+
+
+def test_plan_spot_picks_a_base_plan_or_none() -> None:
+    simulator = PlanSimulator(CATALOG, PRIOR, samples=100)
+    policy = plan_spot(simulator, TYPES, JOB, 2.0 * 3600, worlds=40)
+    assert policy is not None and policy.deadline == 2.0 * 3600
+    assert plan_spot(simulator, TYPES, JOB, 600.0, worlds=10) is None
+    with pytest.raises(ValueError, match="one chain"):
+        two = AllocationPlan((spot_chain().chains[0], spot_chain().chains[0]))
+        SpotDeadline(simulator, two, 3600.0)

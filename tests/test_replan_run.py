@@ -1,0 +1,70 @@
+"""A real local run re-planned in flight (flows/replan.py, docs/algorithms.md §5.8): its
+profile is 2x too optimistic, the static plan would miss the deadline, the re-planned run
+meets it and says why it re-planned."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.replan import AT_RISK_TAG
+from planners.cost import plan_job
+from planners.cost.simulate import PlanSimulator
+from planners.spec import parse_job
+from planners.staging import Profile
+from tests.test_e2e import JOB, run_job
+
+pytestmark = pytest.mark.slow
+
+EPOCH_S = 3.0  # what an epoch takes (the trainable sleeps)
+OVERHEAD_S = 0.5  # per segment here: task start, MLflow, checkpoint (measured, rounded)
+JOB_OVERHEAD_S = 3.0  # outside the segments (the model registered at the end), rounded up
+SPREAD = 0.2  # stragglers leave parallel slots idle: at a price, fewer slots are cheaper
+DEADLINE_S = 55
+PLANNED = {
+    **JOB,
+    "trainable": "tests.trainables:device_counter",
+    "compute": {"workers": 4, "price_per_hour": 3.6},
+    "budget": {"deadline": DEADLINE_S},
+    # The profile is 2x too optimistic: an epoch is said to take half its time.
+    "profile": {
+        "seconds_per_unit": {1: EPOCH_S / 2},
+        "overhead_s": OVERHEAD_S,
+        "job_overhead_s": JOB_OVERHEAD_S,
+        "segment_cv": SPREAD,
+    },
+}
+
+
+def true_profile() -> Profile:
+    return Profile(
+        {1: EPOCH_S}, overhead_s=OVERHEAD_S, job_overhead_s=JOB_OVERHEAD_S, segment_cv=SPREAD
+    )
+
+
+def test_a_run_slower_than_its_profile_replans_and_meets_its_deadline(
+    tmp_path, stores, capsys, monkeypatch
+) -> None:
+    spec = parse_job(PLANNED)
+    static = plan_job(spec)
+    assert static.feasible  # the profile says the cheap plan meets the deadline ...
+    slots = [row.allocation.concurrent for row in static.rows]
+    assert slots[0] < 4
+    truth = PlanSimulator(static.catalog, true_profile(), samples=200).run(static.plan)
+    assert truth.jct_q > DEADLINE_S  # ... but at the true speed it would miss it
+
+    monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", str(EPOCH_S))
+    code, summary, err = run_job(tmp_path, stores, capsys, **PLANNED)
+    assert code == 0, err
+    assert summary is not None
+    replanning = summary["replanning"]
+    reasons = [d["reason"] for d in replanning["decisions"]]
+    assert "late" in reasons, json.dumps(replanning, indent=1)
+    first = replanning["decisions"][reasons.index("late")]
+    assert first["changed"] and first["kept"]["jct_s"] > first["deadline_left_s"]
+    assert summary["wall_seconds"] <= DEADLINE_S, json.dumps(replanning, indent=1)
+    assert not replanning["deadline_at_risk"]
+    tags = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(summary["mlflow_run_id"])
+    assert AT_RISK_TAG not in tags.data.tags
