@@ -75,6 +75,17 @@ def test_the_overhead_is_not_counted_as_work() -> None:
     assert estimate.ratio(1) == pytest.approx(1.0)
 
 
+def test_segments_shorter_than_the_overhead_leave_the_spread_at_the_prior() -> None:
+    # Found by a real planned run: segments that end within profile.overhead_s measure no
+    # work at all, and their spread must not divide by that zero.
+    prior = Profile({1: 0.05}, overhead_s=0.2)
+    estimate = ProfileEstimate(prior)
+    for seconds in (0.1, 0.15, 0.2):
+        estimate.observe(1, 1.0, seconds)
+    assert estimate.spread() == prior.segment_cv
+    assert estimate.profile().timing(1).mean > 0
+
+
 # --- decisions ----------------------------------------------------------------------------
 
 

@@ -136,6 +136,8 @@ class ProfileEstimate:
         squares, dof = 0.0, 0
         for width in self._widths.values():
             mean = width.measured / width.forecast
+            if mean <= 0:  # every segment ended within the overhead: no spread to measure
+                continue
             squares += sum((r / mean - 1) ** 2 for r in width.ratios)
             dof += len(width.ratios) - 1
         prior = self.prior.segment_cv
