@@ -127,7 +127,7 @@ def prefect_views(base_url: str, api: str, run: Any) -> list[View]:
         f"job {job_id} done",
     ]
     return [
-        View("prefect-logs", f"{page}?tab=Logs", [job_id, *story], height=2400),
+        View("prefect-logs", f"{page}?tab=Logs", [job_id, *story], height=4000),
         View("prefect-task-runs", f"{page}?tab=TaskRuns", sorted({t.name for t in tasks})),
         View("prefect-artifacts", f"{page}?tab=Artifacts", [f"{job_id}-leaderboard"]),
     ]
