@@ -91,20 +91,20 @@ def _print_run(summary: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
-    from tasks.trainable import load_trainable
+    from flows.ephemeral import early_server
 
-    load_trainable(spec.trainable)  # import errors are bad input: fail before creating anything
-    from flows.job import check_stores, new_job_id
+    with early_server() as server_ready:  # it starts while the rest is imported and checked
+        from tasks.trainable import load_trainable
 
-    check_stores(spec)  # before Prefect starts (seconds): a typo answers at once
-    from flows.ephemeral import start_early
+        load_trainable(spec.trainable)  # import errors are bad input: fail before creating anything
+        from flows.job import check_stores, new_job_id
 
-    server_ready = start_early()  # starts while the flows are imported
-    from flows.tune import tune_spec
+        check_stores(spec)
+        from flows.tune import tune_spec
 
-    job_id = new_job_id(spec.name)
-    print(f"job {job_id}", file=sys.stderr, flush=True)
-    server_ready()
+        job_id = new_job_id(spec.name)
+        print(f"job {job_id}", file=sys.stderr, flush=True)
+        server_ready()
     return _finish(job_id, lambda: tune_spec(spec, job_id), args.json)
 
 
@@ -142,13 +142,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
         print(f"job {args.job_id} finished at {at}: nothing to resume", file=sys.stderr)
         _emit(done, args.json, _print_run)
         return 0
-    from flows.ephemeral import start_early
+    from flows.ephemeral import early_server
 
-    server_ready = start_early()
-    from flows.tune import resume
+    with early_server() as server_ready:
+        from flows.tune import resume
 
-    print(f"job {args.job_id}", file=sys.stderr, flush=True)
-    server_ready()
+        print(f"job {args.job_id}", file=sys.stderr, flush=True)
+        server_ready()
     return _finish(args.job_id, lambda: resume(args.job_id, args.storage), args.json)
 
 

@@ -31,7 +31,6 @@ from flows.story import Story
 from infra.sizing import RELEASE_STAGE, publish_sizing
 from planners.search.schedulers.base import Segment
 from planners.spec import SpecError
-from planners.staging.admission import StageSlots
 from tasks.train import SegmentReport
 
 
@@ -185,8 +184,10 @@ def admit(job: Job, pending: list[Segment], running: list[Segment]) -> list[Segm
         if admission.may_start(segment, running + starting):
             pending.remove(segment)
             starting.append(segment)
-    side_by_side = isinstance(admission, StageSlots)
-    while (side_by_side or not pending) and admission.may_start_any(running + starting):
+    # Re-read each time: a segment that must wait (appended to pending) stops the drawing.
+    while (admission.stages_side_by_side or not pending) and admission.may_start_any(
+        running + starting
+    ):
         segment = job.loop.next_segment()
         if segment is None:
             break

@@ -1,65 +1,108 @@
-"""Prefect's ephemeral server for a local ``elastune run``: started early, and never
+"""Prefect's ephemeral server for a local ``elastune run``: started first, and never
 outliving the command.
 
 With no ``PREFECT_API_URL``, Prefect starts a server subprocess the first time a flow
-needs it and stops it at exit; that takes seconds, and a command killed with SIGKILL left
-it running. :func:`start_early` starts the same server (Prefect's ``SubprocessASGIServer``,
-which Prefect's own clients then find and reuse) in a thread while the command imports the
-rest of elastune, and ties it to the command: a watchdog (``sh``) holds the read end of a
-pipe only the command can write to, and when the command dies, however it dies, the kernel
-closes the pipe, the watchdog reads end-of-file and stops the server.
+needs it (``SubprocessASGIServer``); that takes seconds, only begins once the command has
+imported everything, and a command killed with SIGKILL left the server running.
+:func:`early_server` starts the same server (the same uvicorn command and environment)
+before the command imports torch, MLflow and the flows, so the two overlap on separate
+cores, and hands its address to Prefect once it answers. The server is the command's child
+and gets SIGTERM when the command dies, however it dies (``infra.server.die_with_parent``).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import subprocess
-import threading
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
-# The watchdog: wait for end-of-file on stdin, then stop the server (SIGTERM, then SIGKILL
-# if it still runs 5 s later). $0 is the server's pid.
-WATCHDOG = "cat >/dev/null; kill -TERM $0 2>/dev/null; sleep 5; kill -KILL $0 2>/dev/null"
+from infra.server import die_with_parent, free_port, wait_healthy
+
+# Prefect's own ephemeral server has no UI and knows it is ephemeral
+# (prefect.server.api.server.SubprocessASGIServer sets the same).
+SERVER_ENV = {
+    "PREFECT_UI_ENABLED": "0",
+    "PREFECT__SERVER_EPHEMERAL": "1",
+    "PREFECT__SERVER_FINAL": "1",
+}
 
 
-def start_early() -> Callable[[], None]:
-    """Start the ephemeral server in the background when this process will need one;
-    returns a function that waits until the start is over."""
-    from prefect.settings import PREFECT_API_URL
+@contextlib.contextmanager
+def early_server() -> Iterator[Callable[[], None]]:
+    """Start the ephemeral server now when this command will need one, and yield a function
+    that waits for it and points Prefect at it. Leaving the block without calling it (bad
+    input) stops the server; after it, the server lives as long as the command."""
+    import prefect
+    from prefect.settings import PREFECT_API_URL, get_current_settings
 
     if PREFECT_API_URL.value():
-        return lambda: None
-
-    def start() -> None:
-        from prefect.server.api.server import SubprocessASGIServer
-
-        server = SubprocessASGIServer()
-        # A start that fails leaves the server stopped: the flow's own start then tries
-        # again and fails the job with Prefect's message, as without this early start.
-        with contextlib.suppress(Exception):
-            server.start()
-        if server.running and server.server_process is not None:
-            tie(server.server_process.pid)
-
-    thread = threading.Thread(target=start, name="prefect-server-start", daemon=True)
-    thread.start()
-    return thread.join
-
-
-_TIED: set[int] = set()  # pids a watchdog of this process already guards
-
-
-def tie(pid: int) -> None:
-    """Stop process ``pid`` when this process dies, even by SIGKILL (once per pid: a process
-    that runs several jobs reuses Prefect's server)."""
-    if pid in _TIED:
+        yield lambda: None
         return
-    _TIED.add(pid)
-    watchdog = subprocess.Popen(
-        ["sh", "-c", WATCHDOG, str(pid)], stdin=subprocess.PIPE, start_new_session=True
+    port = free_port()
+    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parents[1])]
+    command += ["--factory", "prefect.server.api.server:create_app", "--lifespan", "on"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error"]
+    server = subprocess.Popen(
+        command,
+        env={
+            **os.environ,
+            **SERVER_ENV,
+            **get_current_settings().to_environment_variables(exclude_unset=True),
+        },
+        preexec_fn=die_with_parent,
     )
-    # On a normal exit Prefect stops the server itself; the watchdog goes first, so that it
-    # never signals a pid the system may have reused. (atexit runs last-registered first.)
-    atexit.register(watchdog.wait)
-    atexit.register(watchdog.kill)
+    ready = False
+
+    def wait() -> None:
+        nonlocal ready
+        ready = True
+        url = f"http://127.0.0.1:{port}/api"
+        try:
+            wait_healthy(server, f"{url}/health", startup_timeout(), Path(os.devnull))
+        except RuntimeError:
+            # Prefect's own start then tries again and fails the job with its message.
+            stop(server)
+            return
+        use_api(url)
+        atexit.register(stop, server)
+
+    try:
+        yield wait
+    finally:
+        if not ready:
+            stop(server)
+
+
+def startup_timeout() -> float:
+    """Prefect's own limit for its ephemeral server's start (the CLI raises it)."""
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+    return float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+
+
+def use_api(url: str) -> None:
+    """Point this process's Prefect clients at ``url``. The environment variable is set for
+    Prefect's settings to read, then removed, so that commands this one starts (calibration
+    runs, tests' subprocesses) start servers of their own, as they would have."""
+    from prefect.context import refresh_global_settings_context
+
+    os.environ["PREFECT_API_URL"] = url
+    try:
+        refresh_global_settings_context()
+    finally:
+        del os.environ["PREFECT_API_URL"]
+
+
+def stop(server: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if the server still runs 5 s later."""
+    if server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(5)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

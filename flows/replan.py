@@ -93,7 +93,11 @@ class InFlight:
         finished = dict(self.job.tally.stage_results)
         if all(finished.get(key, 0) >= trials for key, trials in self._trials.items()):
             return None
-        return self._decide(finished, story)
+        try:
+            return self._decide(finished, story)
+        except Exception as exc:  # the job runs on fine at its plan: a re-plan only improves it
+            story.replan_failed(exc)
+            return None
 
     def _decide(self, finished: dict[tuple[int, int], int], story: Story) -> Decision:
         elapsed = time.monotonic() - self.job.began

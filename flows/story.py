@@ -152,6 +152,9 @@ class Story:
         else:
             self.log.info("re-plan %s", decision.describe())
 
+    def replan_failed(self, exc: Exception) -> None:
+        self.log.warning("re-planning failed, the job goes on at its plan: %r", exc)
+
     def sized(self, records: Sequence[SizingRecord]) -> None:
         for r in records:
             self.log.info(

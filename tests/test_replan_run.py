@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.replan import AT_RISK_TAG
 from planners.cost import plan_job
+from planners.cost.replan import Replanner
 from planners.cost.simulate import PlanSimulator
 from planners.spec import parse_job
 from planners.staging import Profile
@@ -68,3 +69,20 @@ def test_a_run_slower_than_its_profile_replans_and_meets_its_deadline(
     assert not replanning["deadline_at_risk"]
     tags = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(summary["mlflow_run_id"])
     assert AT_RISK_TAG not in tags.data.tags
+
+
+def test_a_replanner_that_fails_leaves_the_job_on_its_plan(
+    tmp_path, stores, capsys, monkeypatch, caplog
+) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("re-planner bug")
+
+    monkeypatch.setattr(Replanner, "decide", broken)
+    monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.05")
+    code, summary, err = run_job(tmp_path, stores, capsys, **PLANNED)
+    assert code == 0, err
+    assert summary is not None
+    assert summary["replanning"]["decisions"] == []
+    assert summary["segments"] > 0 and summary["best"] is not None
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("re-planning failed, the job goes on at its plan" in w for w in warned)

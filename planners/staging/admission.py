@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from planners.search.schedulers.base import Segment
 from planners.staging.plan import Plan, Stage
@@ -32,6 +32,10 @@ from planners.staging.plan import Plan, Stage
 
 class Admission(Protocol):
     """What the driver asks before it starts segments, and before it sizes the pool."""
+
+    #: Each stage has slots of its own, so a segment waiting for its stage does not stop
+    #: the driver drawing segments of other stages (Hyperband's brackets side by side).
+    stages_side_by_side: ClassVar[bool]
 
     def may_start(self, segment: Segment, running: Sequence[Segment]) -> bool:
         """May ``segment`` start now, next to ``running``? If so, it is admitted."""
@@ -56,6 +60,7 @@ class WorkerCap:
     """At most ``workers`` segments at once, each at the width it was handed out with."""
 
     workers: int
+    stages_side_by_side: ClassVar[bool] = False
 
     def may_start(self, segment: Segment, running: Sequence[Segment]) -> bool:
         return len(running) < self.workers
@@ -78,6 +83,7 @@ class StageSlots:
     planner for every stage), each segment at its stage's GPUs per trial."""
 
     plan: Plan
+    stages_side_by_side: ClassVar[bool] = True
 
     def may_start(self, segment: Segment, running: Sequence[Segment]) -> bool:
         stage = self._stage(segment)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from planners.search import Segment
 from planners.spec import JobSpec
@@ -91,6 +92,7 @@ class StagePacker:
     gpus_per_node: int | None = None
     node_gpus: Mapping[str, int] = field(default_factory=dict)
     max_share: int | None = None
+    stages_side_by_side: ClassVar[bool] = False
     _groups: dict[tuple[int, int], _Group] = field(default_factory=dict, init=False)
     _admitted: dict[SegmentKey, _Admitted] = field(default_factory=dict, init=False)
 
