@@ -54,6 +54,9 @@ def early_server() -> Iterator[Callable[[], None]]:
             **get_current_settings().to_environment_variables(exclude_unset=True),
         },
         preexec_fn=die_with_parent,
+        # Its own session: a signal to the command's process group (Ctrl-C, `timeout`) reaches
+        # the command alone, which still needs the server to end its flow run cleanly.
+        start_new_session=True,
     )
     ready = False
 

@@ -1,5 +1,6 @@
-"""A local ``elastune run`` killed with SIGKILL leaves no Prefect server behind (issue 13:
-the ephemeral server is a child that dies with its command, flows/ephemeral.py)."""
+"""A local ``elastune run`` killed (SIGKILL, or SIGTERM to its process group) leaves no
+Prefect server behind, and ends at once (issue 13: the ephemeral server is a child that
+dies with its command and outlives a signal to the command's group, flows/ephemeral.py)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,18 @@ def wait_for(condition: Callable[[], object], seconds: float) -> bool:
     return False
 
 
-def test_a_killed_run_leaves_no_prefect_server(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("how", "to_group", "seconds"),
+    [
+        # The driver alone: it cannot stop anything itself.
+        pytest.param(signal.SIGKILL, False, 15, id="sigkill-driver"),
+        # Its process group, as `timeout` and service managers do.
+        pytest.param(signal.SIGTERM, True, 30, id="sigterm-group"),
+    ],
+)
+def test_a_killed_run_leaves_no_prefect_server(
+    tmp_path: Path, how: signal.Signals, to_group: bool, seconds: float
+) -> None:
     job = {
         "name": "orphan",
         "trainable": "tests.trainables:logged_quadratic",
@@ -82,8 +94,12 @@ def test_a_killed_run_leaves_no_prefect_server(tmp_path: Path) -> None:
         assert wait_for(lambda: log.exists() and log.read_text().strip(), 180), "never trained"
         servers = [pid for pid in children(driver.pid) if is_server(pid)]
         assert servers, "the run started no ephemeral server"
-        driver.send_signal(signal.SIGKILL)  # the driver alone, not its process group
-        driver.wait()
+        if to_group:
+            os.killpg(driver.pid, how)
+        else:
+            driver.send_signal(how)
+        # A driver whose server went first would retry the API for minutes before it ended.
+        driver.wait(seconds)
         assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
     finally:
         with contextlib.suppress(ProcessLookupError):
