@@ -38,10 +38,10 @@ from pydantic import Field, ValidationError, field_validator
 
 from planners.cost.billing import BillingRule
 from planners.spec import SpecError
-from planners.spec.model import _format_error, _Strict
+from planners.spec.model import StrictModel, format_error
 
 
-class Delay(_Strict):
+class Delay(StrictModel):
     """A non-negative random delay, log-normal with this mean and sd (sd 0: fixed)."""
 
     mean_s: float = Field(default=0.0, ge=0)
@@ -59,7 +59,7 @@ class Delay(_Strict):
 MARKETS = ("on-demand", "spot")
 
 
-class Spot(_Strict):
+class Spot(StrictModel):
     """Spot market figures: the price is ``(1 - discount)`` of the on-demand price, and a
     running instance is interrupted as a Poisson process at ``interruptions_per_hour``."""
 
@@ -67,7 +67,7 @@ class Spot(_Strict):
     interruptions_per_hour: float = Field(ge=0)
 
 
-class InstanceType(_Strict):
+class InstanceType(StrictModel):
     """One instance type: ``gpus`` GPUs of model ``gpu`` per node, at ``price_per_hour``."""
 
     name: str
@@ -102,7 +102,7 @@ class InstanceType(_Strict):
         return 0.0
 
 
-class Catalog(_Strict):
+class Catalog(StrictModel):
     """Instance types by name, with where and when their prices were read."""
 
     region: str = "unspecified"
@@ -169,7 +169,7 @@ def parse_catalog(data: str | Mapping[str, Any], source: str = "catalog") -> Cat
     try:
         return Catalog.model_validate(fields)
     except ValidationError as exc:
-        raise SpecError(_format_error(exc, source)) from None
+        raise SpecError(format_error(exc, source)) from None
 
 
 def read_catalog(path: str | Path | None = None) -> Catalog:

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from planners.spec.model import JobSpec, SpecError, _format_error
+from planners.spec.model import JobSpec, SpecError, format_error
 from planners.spec.space import check_sampler
 
 
@@ -51,7 +51,7 @@ def parse_job(data: Any, source: str = "job") -> JobSpec:
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(_format_error(exc, source)) from None
+        raise SpecError(format_error(exc, source)) from None
     check_sampler(spec)
     return spec
 

@@ -37,14 +37,17 @@ class SpecError(ValueError):
     """A mistake in the job file or its overrides; the message names the field."""
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    """A frozen model that refuses unknown fields: the job file's sections and the
+    catalog's entries, so that a misspelt key is an error naming it."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 # --- search space -------------------------------------------------------------------------
 
 
-class _Range(_Strict):
+class _Range(StrictModel):
     """Cross-field checks of numeric ranges. They are field validators (fields validate in
     declaration order, so ``low`` is known when ``high`` is checked): the error's location
     names the offending field, e.g. ``space.lr.high``."""
@@ -94,7 +97,7 @@ class IntParam(_Range):
     step: int = Field(default=1, ge=1)
 
 
-class CategoricalParam(_Strict):
+class CategoricalParam(StrictModel):
     type: Literal["categorical"]
     choices: list[str | int | float | bool] = Field(min_length=1)
 
@@ -121,7 +124,7 @@ class SamplerSpec(BaseModel):
         return dict(self.model_extra or {})
 
 
-class _Ladder(_Strict):
+class _Ladder(StrictModel):
     eta: int = Field(default=3, ge=2)
     min_resource: float = Field(default=1, gt=0)
     # validate_default: min_resource above the default max_resource must be caught too.
@@ -190,7 +193,7 @@ class AshaSpec(_Ladder):
         return value
 
 
-class FifoSpec(_Strict):
+class FifoSpec(StrictModel):
     """Random search in arrival order: every trial trains straight to ``max_resource``."""
 
     name: Literal["random", "fifo"]
@@ -198,7 +201,7 @@ class FifoSpec(_Strict):
     max_trials: int | None = Field(default=81, ge=1)
 
 
-class MedianSpec(_Strict):
+class MedianSpec(StrictModel):
     """Median stopping rule (§7.2): segments of ``interval`` (default ``min_resource``)."""
 
     name: Literal["median"]
@@ -223,7 +226,7 @@ class MedianSpec(_Strict):
         return interval
 
 
-class PbtSpec(_Strict):
+class PbtSpec(StrictModel):
     """Population-based training (§7.3), asynchronous; needs checkpoints to copy."""
 
     name: Literal["pbt"]
@@ -302,7 +305,7 @@ def parse_duration(value: str | float | int) -> float:
     return seconds
 
 
-class BudgetSpec(_Strict):
+class BudgetSpec(StrictModel):
     deadline: float | None = None
     max_cost_usd: float | None = Field(default=None, gt=0)
 
@@ -312,7 +315,7 @@ class BudgetSpec(_Strict):
         return None if value is None else parse_duration(value)
 
 
-class EcsSpec(_Strict):
+class EcsSpec(StrictModel):
     """Where an ``ecs`` work pool's EC2 capacity comes from (docs/ecs.md)."""
 
     cluster: str = Field(min_length=1)
@@ -324,7 +327,7 @@ class EcsSpec(_Strict):
 POOL_NAME_BANNED = "/%&><"  # characters Prefect refuses in a work pool's name
 
 
-class ComputeSpec(_Strict):
+class ComputeSpec(StrictModel):
     pool: str = "local"
     workers: int = Field(default=2, ge=1)
     # Catalog types, or ``[local]``: this machine (planners/cost/local.py), also what a job
@@ -377,13 +380,13 @@ class ComputeSpec(_Strict):
         return None if value is None else parse_duration(value)
 
 
-class TrackingSpec(_Strict):
+class TrackingSpec(StrictModel):
     mlflow_uri: str = "sqlite:///.elastune/mlflow.db"
     experiment: str | None = None
     optuna_storage: str = "sqlite:///.elastune/optuna.db"
 
 
-class ProfileSpec(_Strict):
+class ProfileSpec(StrictModel):
     """Seconds per resource unit of one trial on ``g`` GPUs, for the cost planner.
 
     Either a measured table (``seconds_per_unit: {1: 720, 2: 400, 4: 225}``) or the time
@@ -429,7 +432,7 @@ class ProfileSpec(_Strict):
 # --- the job ------------------------------------------------------------------------------
 
 
-class JobSpec(_Strict):
+class JobSpec(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
     trainable: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     metric: str = Field(min_length=1)
@@ -477,7 +480,8 @@ class JobSpec(_Strict):
 # --- errors -------------------------------------------------------------------------------
 
 
-def _format_error(error: ValidationError, source: str) -> str:
+def format_error(error: ValidationError, source: str) -> str:
+    """Pydantic's first error as one line naming the field's path in ``source``."""
     first = error.errors()[0]
     # Drop pydantic's union tags ("float", "sha") so the path reads like the YAML.
     tags = {"float", "int", "categorical", "sha", "hyperband", "function-after"}
