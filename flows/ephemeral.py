@@ -6,8 +6,15 @@ needs it (``SubprocessASGIServer``); that takes seconds, only begins once the co
 imported everything, and a command killed with SIGKILL left the server running.
 :func:`early_server` starts the same server (the same uvicorn command and environment)
 before the command imports torch, MLflow and the flows, so the two overlap on separate
-cores, and hands its address to Prefect once it answers. The server is the command's child
-and gets SIGTERM when the command dies, however it dies (``infra.server.die_with_parent``).
+cores, and hands its address to Prefect once it answers.
+
+The server never outlives the command: a watchdog (``sh``) holds the read end of a pipe
+only the command writes to, and when the command dies, however it dies (SIGKILL included),
+the kernel closes the pipe, the watchdog reads end-of-file and stops the server. (A pipe
+rather than Linux's ``PR_SET_PDEATHSIG``, which ``infra.server`` uses for its test
+servers: laptops run macOS too.) Server and watchdog have a session of their own, so a
+signal to the command's process group (Ctrl-C, ``timeout``) reaches the command alone,
+which still needs the server to end its flow run.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from infra.server import die_with_parent, free_port, wait_healthy
+from infra.server import free_port, wait_healthy
 
 # Prefect's own ephemeral server has no UI and knows it is ephemeral
 # (prefect.server.api.server.SubprocessASGIServer sets the same).
@@ -29,6 +36,9 @@ SERVER_ENV = {
     "PREFECT__SERVER_EPHEMERAL": "1",
     "PREFECT__SERVER_FINAL": "1",
 }
+# The watchdog: wait for end-of-file on stdin, then stop the server (SIGTERM, then SIGKILL
+# if it still runs 5 s later). $0 is the server's pid.
+WATCHDOG = "cat >/dev/null; kill -TERM $0 2>/dev/null; sleep 5; kill -KILL $0 2>/dev/null"
 
 
 @contextlib.contextmanager
@@ -36,48 +46,60 @@ def early_server() -> Iterator[Callable[[], None]]:
     """Start the ephemeral server now when this command will need one, and yield a function
     that waits for it and points Prefect at it. Leaving the block without calling it (bad
     input) stops the server; after it, the server lives as long as the command."""
-    import prefect
-    from prefect.settings import PREFECT_API_URL, get_current_settings
+    from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value():
         yield lambda: None
         return
-    port = free_port()
-    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parents[1])]
-    command += ["--factory", "prefect.server.api.server:create_app", "--lifespan", "on"]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error"]
-    server = subprocess.Popen(
-        command,
-        env={
-            **os.environ,
-            **SERVER_ENV,
-            **get_current_settings().to_environment_variables(exclude_unset=True),
-        },
-        preexec_fn=die_with_parent,
-        # Its own session: a signal to the command's process group (Ctrl-C, `timeout`) reaches
-        # the command alone, which still needs the server to end its flow run cleanly.
-        start_new_session=True,
-    )
+    url, server, stop = start_server()
     ready = False
 
     def wait() -> None:
         nonlocal ready
         ready = True
-        url = f"http://127.0.0.1:{port}/api"
         try:
             wait_healthy(server, f"{url}/health", startup_timeout(), Path(os.devnull))
         except RuntimeError:
             # Prefect's own start then tries again and fails the job with its message.
-            stop(server)
+            stop()
             return
         use_api(url)
-        atexit.register(stop, server)
+        atexit.register(stop)
 
     try:
         yield wait
     finally:
         if not ready:
-            stop(server)
+            stop()
+
+
+def start_server() -> tuple[str, subprocess.Popen, Callable[[], None]]:
+    """Start Prefect's server as its ephemeral mode does, and its watchdog; the API's URL,
+    the server, and a function that stops both."""
+    import prefect
+    from prefect.settings import get_current_settings
+
+    port = free_port()
+    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parents[1])]
+    command += ["--factory", "prefect.server.api.server:create_app", "--lifespan", "on"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error"]
+    settings = get_current_settings().to_environment_variables(exclude_unset=True)
+    server = subprocess.Popen(
+        command, env={**os.environ, **SERVER_ENV, **settings}, start_new_session=True
+    )
+    watchdog = subprocess.Popen(
+        ["sh", "-c", WATCHDOG, str(server.pid)], stdin=subprocess.PIPE, start_new_session=True
+    )
+
+    def stop() -> None:
+        # The watchdog goes first, so that it never signals a pid the system reused.
+        watchdog.kill()
+        if watchdog.stdin is not None:
+            watchdog.stdin.close()  # its `cat` ends too
+        watchdog.wait()
+        end(server)
+
+    return f"http://127.0.0.1:{port}/api", server, stop
 
 
 def startup_timeout() -> float:
@@ -100,7 +122,7 @@ def use_api(url: str) -> None:
         del os.environ["PREFECT_API_URL"]
 
 
-def stop(server: subprocess.Popen) -> None:
+def end(server: subprocess.Popen) -> None:
     """SIGTERM, then SIGKILL if the server still runs 5 s later."""
     if server.poll() is None:
         server.terminate()
