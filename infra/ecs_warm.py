@@ -55,7 +55,7 @@ class WarmWorker:
         pool: the warm work pool (type ``elastune-warm``) the workers serve.
         storage: slug of the block that holds segment parameters, e.g. ``s3-bucket/NAME``
             (the pool's ``storage`` variable names the same block).
-        image: the training image (docs/ecs.md §2).
+        image: the training image (docs/ecs.md, "2. The training image").
         prefect_api_url: the Prefect API as the instances reach it.
         mlflow_uri: the MLflow tracking server as the instances reach it.
         memory: MiB reserved for the worker (a soft limit: ``memoryReservation``).
@@ -80,7 +80,7 @@ class WarmWorker:
         if self.storage.count("/") != 1 or not all(self.storage.split("/")):
             raise InfraError(f"storage: {self.storage!r} is not a block slug like s3-bucket/NAME")
         if not self.image:
-            raise InfraError("image: name the training image (docs/ecs.md §2)")
+            raise InfraError("image: name the training image (docs/ecs.md, step 2)")
         _check_reachable("prefect_api_url", self.prefect_api_url)
         _check_reachable("mlflow_uri", self.mlflow_uri)
         if isinstance(self.memory, bool) or not isinstance(self.memory, int) or self.memory < 128:

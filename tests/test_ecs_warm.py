@@ -15,13 +15,16 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import boto3
 import pytest
+from prefect.client.orchestration import get_client
+from prefect.states import Completed, Running
 
 import infra.ecs_warm
-from flows.pools import Placer
-from flows.segment import Node, ecs_task_id, main
+from flows.pools import Placer, busy_nodes, draining_nodes, mark_draining
+from flows.segment import Node, ecs_task_id, main, warm_segment
 from infra.ecs import EcsCapacity
 from infra.ecs_warm import WarmServices, WarmWorker, family
 from infra.sizing import CapacityError, InfraError
+from tests.prefect_server import prefect_api  # noqa: F401
 from tests.test_ecs_backend import (  # noqa: F401
     BIG,
     REGION,
@@ -294,3 +297,20 @@ def test_node_from_ecs_outside_ecs_is_refused(monkeypatch, capsys):
     assert "ECS_CONTAINER_METADATA_URI_V4 is not set" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([*argv, "--node", "n0"])  # one name or the other
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_draining_marks_and_busy_nodes_on_a_real_server():
+    assert draining_nodes(POOL) == set()
+    mark_draining(POOL, {"task-a", "task-b"}, draining=True)
+    mark_draining(POOL, {"task-b"}, draining=False)
+    assert draining_nodes(POOL) == {"task-a"}
+    assert draining_nodes("other-pool") == set()
+    tagged = warm_segment.with_options(tags={"node:task-a"})
+    with get_client(sync_client=True) as client:
+        run = client.create_task_run(tagged, None, "0", state=Running())
+        assert busy_nodes({"task-a", "task-b"}) == {"task-a"}
+        client.set_task_run_state(run.id, Completed(), force=True)
+    assert busy_nodes({"task-a", "task-b"}) == set()
+    mark_draining(POOL, {"task-a"}, draining=False)
