@@ -4,8 +4,8 @@
 that :class:`infra.ecs.EcsCapacity` sizes), a task definition that runs the warm node worker
 of :mod:`flows.segment` on all of an instance's GPUs, and a service with the ``DAEMON``
 scheduling strategy placed on that instance type: every instance the Auto Scaling group
-launches runs exactly one warm worker, so the stage-by-stage sizing of the groups is the
-number of nodes. The worker names its node after its ECS task (``--node-from-ecs``).
+launches runs exactly one warm worker, so the groups' desired capacity is the number of
+nodes. The worker names its node after its ECS task (``--node-from-ecs``).
 
 :meth:`WarmServices.drain` removes given instances without losing a segment: their nodes
 stop getting segments (:func:`flows.pools.draining_nodes`), their warm runs finish, then
