@@ -26,7 +26,7 @@ from uuid import UUID
 from prefect import task
 from prefect.blocks.core import Block
 from prefect.cache_policies import NO_CACHE
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import (
     FlowFilter,
     TaskRunFilter,
@@ -35,13 +35,14 @@ from prefect.client.schemas.filters import (
     TaskRunFilterTags,
     WorkPoolFilter,
 )
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.objects import StateType, TaskRun
 from prefect.context import EngineContext, TaskRunContext
 from prefect.deployments import run_deployment
 from prefect.futures import PrefectDistributedFuture, PrefectFuture
 from prefect.runtime import task_run
 from prefect.states import Cancelling, Crashed
 from prefect.tasks import Task
+from prefect.variables import Variable
 
 from flows.segment import (
     FLOW_NAME,
@@ -270,6 +271,29 @@ def live_nodes(pool: str) -> list[Node]:
     ]
 
 
+def draining_variable(pool: str) -> str:
+    """The Prefect variable that lists the nodes of ``pool`` being drained."""
+    return f"elastune-draining-{pool}"
+
+
+def draining_nodes(pool: str) -> set[str]:
+    """The nodes of ``pool`` that get no new segment: their instances are to go."""
+    return set(Variable.get(draining_variable(pool), default=None) or [])
+
+
+def mark_draining(pool: str, nodes: set[str], draining: bool) -> None:
+    """Add ``nodes`` to (or take them off) the draining nodes of ``pool``."""
+    now = draining_nodes(pool)
+    now = now | nodes if draining else now - nodes
+    Variable.set(draining_variable(pool), sorted(now), overwrite=True)
+
+
+def busy_nodes(nodes: set[str]) -> set[str]:
+    """Those of ``nodes`` with a warm run not yet finished (each run is tagged with its node)."""
+    with get_client(sync_client=True) as client:
+        return {node for node in nodes if unfinished_runs(client, f"node:{node}", limit=1)}
+
+
 class Placer:
     """Places segments on the live nodes of a warm pool, best fit (the rule of
     planners/staging/placement.py), counting the GPUs this driver's segments hold."""
@@ -281,11 +305,14 @@ class Placer:
         self._live: tuple[float, list[Node]] = (-math.inf, [])
 
     def live(self, fresh: bool = False) -> list[Node]:
-        """The live nodes, as read at most a heartbeat ago unless ``fresh``: one call to
-        the server per segment is a good part of what a segment costs."""
+        """The live nodes that are not draining, as read at most a heartbeat ago unless
+        ``fresh``: one call to the server per segment is a good part of what a segment
+        costs."""
         read_at, nodes = self._live
         if fresh or time.monotonic() - read_at > HEARTBEAT_SECONDS:
-            nodes = live_nodes(self.pool)
+            # A draining node still lives (its runs finish) but takes no new segment.
+            draining = draining_nodes(self.pool)
+            nodes = [node for node in live_nodes(self.pool) if node.name not in draining]
             self._live = (time.monotonic(), nodes)
         return nodes
 
@@ -383,16 +410,22 @@ def job_tag(job_id: str) -> str:
     return f"elastune-job:{job_id}"
 
 
+def unfinished_runs(client: SyncPrefectClient, tag: str, limit: int | None = None) -> list[TaskRun]:
+    """The task runs tagged ``tag`` that are scheduled, pending or running."""
+    states = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
+    return client.read_task_runs(
+        task_run_filter=TaskRunFilter(
+            tags=TaskRunFilterTags(all_=[tag]),
+            state=TaskRunFilterState(type=TaskRunFilterStateType(any_=states)),
+        ),
+        limit=limit,
+    )
+
+
 def unfinished(job_id: str) -> dict[str, tuple[UUID, str]]:
     """The unfinished warm runs of job ``job_id`` and their nodes, by segment tag."""
-    states = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(
-            task_run_filter=TaskRunFilter(
-                tags=TaskRunFilterTags(all_=[job_tag(job_id)]),
-                state=TaskRunFilterState(type=TaskRunFilterStateType(any_=states)),
-            )
-        )
+        runs = unfinished_runs(client, job_tag(job_id))
     found = {}
     for run in runs:
         tags = {t.split(":", 1)[0]: t for t in run.tags}

@@ -28,8 +28,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import threading
+import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -164,17 +166,35 @@ async def serve(pool: str, node: Node, storage: str, threads: int | None = None)
         stop.set()
 
 
+def ecs_task_id(metadata_uri: str) -> str:
+    """The id of the ECS task this container runs in, read from the task metadata endpoint
+    v4 (``$ECS_CONTAINER_METADATA_URI_V4/task``). A DAEMON service runs one warm worker
+    per instance (docs/ecs.md, "Warm workers on ECS"), so the id names the node."""
+    with urllib.request.urlopen(f"{metadata_uri}/task", timeout=10) as response:
+        return json.load(response)["TaskARN"].rsplit("/", 1)[-1]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="One node's warm segment worker.")
     parser.add_argument("--pool", required=True, help="the warm work pool (type elastune-warm)")
-    parser.add_argument("--node", required=True, help="this node's name, unique in the pool")
+    naming = parser.add_mutually_exclusive_group(required=True)
+    naming.add_argument("--node", help="this node's name, unique in the pool")
+    naming.add_argument(
+        "--node-from-ecs", action="store_true", help="name the node after its ECS task's id"
+    )
     parser.add_argument("--gpus", type=float, required=True, help="GPUs (CPU slots) offered")
     parser.add_argument("--storage", required=True, help="block slug for segment parameters")
     parser.add_argument("--threads", type=int, help="torch threads per segment")
     args = parser.parse_args(argv)
+    name = args.node
+    if args.node_from_ecs:
+        uri = os.environ.get("ECS_CONTAINER_METADATA_URI_V4")
+        if not uri:
+            parser.error("--node-from-ecs: ECS_CONTAINER_METADATA_URI_V4 is not set (not on ECS?)")
+        name = ecs_task_id(uri)
     # SIGTERM (the cluster stopping) ends the worker through StopTaskWorker: a clean exit.
     with contextlib.suppress(StopTaskWorker):
-        node = Node(args.node, args.gpus, os.getpid())
+        node = Node(name, args.gpus, os.getpid())
         asyncio.run(serve(args.pool, node, args.storage, args.threads))
 
 

@@ -13,6 +13,7 @@ def placer(monkeypatch) -> Placer:
     """Two live nodes: ``big`` of 2 GPUs and ``small`` of 1."""
     nodes = [Node("big", 2.0, 101), Node("small", 1.0, 102)]
     monkeypatch.setattr("flows.pools.live_nodes", lambda pool: nodes)
+    monkeypatch.setattr("flows.pools.draining_nodes", lambda pool: set())
     monkeypatch.setattr("flows.pools.POLL_SECONDS", 0.01)
     return Placer("warm")
 
