@@ -26,23 +26,17 @@ from uuid import UUID
 from prefect import task
 from prefect.blocks.core import Block
 from prefect.cache_policies import NO_CACHE
-from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import (
     FlowFilter,
-    TaskRunFilter,
-    TaskRunFilterState,
-    TaskRunFilterStateType,
-    TaskRunFilterTags,
     WorkPoolFilter,
 )
-from prefect.client.schemas.objects import StateType, TaskRun
 from prefect.context import EngineContext, TaskRunContext
 from prefect.deployments import run_deployment
 from prefect.futures import PrefectDistributedFuture, PrefectFuture
 from prefect.runtime import task_run
 from prefect.states import Cancelling, Crashed
 from prefect.tasks import Task
-from prefect.variables import Variable
 
 from flows.segment import (
     FLOW_NAME,
@@ -56,6 +50,7 @@ from flows.segment import (
     train_segment_flow,
     warm_segment,
 )
+from flows.warm_runs import draining_nodes, unfinished_runs
 from infra.backends import make_backend
 from infra.pools import read_pool, wait_for_worker
 from infra.sizing import InfraError, PoolBackend, SizingRecord
@@ -271,29 +266,6 @@ def live_nodes(pool: str) -> list[Node]:
     ]
 
 
-def draining_variable(pool: str) -> str:
-    """The Prefect variable that lists the nodes of ``pool`` being drained."""
-    return f"elastune-draining-{pool}"
-
-
-def draining_nodes(pool: str) -> set[str]:
-    """The nodes of ``pool`` that get no new segment: their instances are to go."""
-    return set(Variable.get(draining_variable(pool), default=None) or [])
-
-
-def mark_draining(pool: str, nodes: set[str], draining: bool) -> None:
-    """Add ``nodes`` to (or take them off) the draining nodes of ``pool``."""
-    now = draining_nodes(pool)
-    now = now | nodes if draining else now - nodes
-    Variable.set(draining_variable(pool), sorted(now), overwrite=True)
-
-
-def busy_nodes(nodes: set[str]) -> set[str]:
-    """Those of ``nodes`` with a warm run not yet finished (each run is tagged with its node)."""
-    with get_client(sync_client=True) as client:
-        return {node for node in nodes if unfinished_runs(client, f"node:{node}", limit=1)}
-
-
 class Placer:
     """Places segments on the live nodes of a warm pool, best fit (the rule of
     planners/staging/placement.py), counting the GPUs this driver's segments hold."""
@@ -408,18 +380,6 @@ def segment_tag(job: JobRef, segment: Segment) -> str:
 def job_tag(job_id: str) -> str:
     """The tag of every warm run of job ``job_id``."""
     return f"elastune-job:{job_id}"
-
-
-def unfinished_runs(client: SyncPrefectClient, tag: str, limit: int | None = None) -> list[TaskRun]:
-    """The task runs tagged ``tag`` that are scheduled, pending or running."""
-    states = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]
-    return client.read_task_runs(
-        task_run_filter=TaskRunFilter(
-            tags=TaskRunFilterTags(all_=[tag]),
-            state=TaskRunFilterState(type=TaskRunFilterStateType(any_=states)),
-        ),
-        limit=limit,
-    )
 
 
 def unfinished(job_id: str) -> dict[str, tuple[UUID, str]]:

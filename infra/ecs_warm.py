@@ -8,7 +8,7 @@ launches runs exactly one warm worker, so the groups' desired capacity is the nu
 nodes. The worker names its node after its ECS task (``--node-from-ecs``).
 
 :meth:`WarmServices.drain` removes given instances without losing a segment: their nodes
-stop getting segments (:func:`flows.pools.draining_nodes`), their warm runs finish, then
+stop getting segments (:func:`flows.warm_runs.draining_nodes`), their warm runs finish, then
 their container instances are set DRAINING and the instances terminated with the group's
 desired capacity decremented. ECS is told last because draining stops the daemon task,
 runs and all (docs/ecs.md, "Warm workers on ECS").
@@ -37,7 +37,8 @@ from urllib.parse import urlparse
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from flows.pools import LIVE_SECONDS, busy_nodes, mark_draining
+from flows.pools import LIVE_SECONDS
+from flows.warm_runs import busy_nodes, mark_draining
 from infra.ecs import EcsCapacity, ScalingGroup, aws_session
 from infra.sizing import CapacityError, InfraError, SizingRecord
 
@@ -288,6 +289,6 @@ class WarmServices:
                 raise CapacityError(
                     f"drain: after {timeout:g} s, node(s) {sorted(busy)} of pool {pool!r} still "
                     "run segments; nothing was terminated, and the nodes get no new segment "
-                    "until drain is called again or flows.pools.mark_draining clears them"
+                    "until drain is called again or flows.warm_runs.mark_draining clears them"
                 )
             time.sleep(poll)

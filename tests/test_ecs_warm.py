@@ -19,8 +19,9 @@ from prefect.client.orchestration import get_client
 from prefect.states import Completed, Running
 
 import infra.ecs_warm
-from flows.pools import Placer, busy_nodes, draining_nodes, mark_draining
+from flows.pools import Placer
 from flows.segment import Node, ecs_task_id, main, warm_segment
+from flows.warm_runs import busy_nodes, draining_nodes, mark_draining
 from infra.ecs import EcsCapacity
 from infra.ecs_warm import WarmServices, WarmWorker, family
 from infra.sizing import CapacityError, InfraError
