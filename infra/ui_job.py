@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +108,24 @@ def run_tune(api: str, stores: Path) -> Any:
     return run
 
 
+def wait_for_log(api: str, flow_run_id: Any, text: str, timeout: float = 60.0) -> None:
+    """Wait until a log line of the flow run holds ``text`` on the server (or ``timeout``
+    passes: the check then reports the line missing)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    deadline = time.monotonic() + timeout
+    flow_run = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            newest = client.read_logs(log_filter=flow_run, limit=20, sort=LogSort.TIMESTAMP_DESC)
+            if any(text in log.message for log in newest):
+                return
+            time.sleep(1)
+
+
 def prefect_views(base_url: str, api: str, run: Any) -> list[View]:
     """The flow run's tabs, expecting its story, its task runs and its artifacts."""
     from prefect.client.orchestration import get_client
@@ -177,6 +196,9 @@ def check_job_ui(out: Path) -> list[View]:
         stores, api = Path(scratch), f"{base_url}/api"
         with running_worker(api, POOL, stores / "worker", **STORY_LOGGING):
             run = run_tune(api, stores)
+            # The run ends before its process ships its last log lines; stopping the worker
+            # first could lose them.
+            wait_for_log(api, run.id, f"job {run.name} done")
         views = prefect_views(base_url, api, run)
         with mlflow_ui(stores / "mlflow.db") as url:
             views.append(mlflow_view(url, run.name))
