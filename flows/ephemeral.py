@@ -6,7 +6,8 @@ needs it (``SubprocessASGIServer``); that takes seconds, only begins once the co
 imported everything, and a command killed with SIGKILL left the server running.
 :func:`early_server` starts the same server (the same uvicorn command and environment)
 before the command imports torch, MLflow and the flows, so the two overlap on separate
-cores, and hands its address to Prefect once it answers.
+cores, and hands it to Prefect once it answers, as the process's ephemeral server
+(:func:`adopt`).
 
 The server never outlives the command: a watchdog (``sh``) holds the read end of a pipe
 only the command writes to, and when the command dies, however it dies (SIGKILL included),
@@ -44,26 +45,31 @@ WATCHDOG = "cat >/dev/null; kill -TERM $0 2>/dev/null; sleep 5; kill -KILL $0 2>
 @contextlib.contextmanager
 def early_server() -> Iterator[Callable[[], None]]:
     """Start the ephemeral server now when this command will need one, and yield a function
-    that waits for it and points Prefect at it. Leaving the block without calling it (bad
-    input) stops the server; after it, the server lives as long as the command."""
+    that waits for it and hands it to Prefect. Leaving the block without calling it (bad
+    input) stops the server; after it, the server lives as long as the process, which
+    reuses it for its later commands, as Prefect does its own."""
     from prefect.settings import PREFECT_API_URL
 
-    if PREFECT_API_URL.value():
+    if PREFECT_API_URL.value() or has_ephemeral_server():
         yield lambda: None
         return
-    url, server, stop = start_server()
+    port, server, stop = start_server()
     ready = False
 
     def wait() -> None:
         nonlocal ready
         ready = True
+        # Imported while the server starts, not after: it takes a second or two.
+        import prefect.server.api.server  # noqa: F401
+
         try:
-            wait_healthy(server, f"{url}/health", startup_timeout(), Path(os.devnull))
+            health = f"http://127.0.0.1:{port}/api/health"
+            wait_healthy(server, health, startup_timeout(), Path(os.devnull))
         except RuntimeError:
             # Prefect's own start then tries again and fails the job with its message.
             stop()
             return
-        use_api(url)
+        adopt(server, port)
         atexit.register(stop)
 
     try:
@@ -73,9 +79,34 @@ def early_server() -> Iterator[Callable[[], None]]:
             stop()
 
 
-def start_server() -> tuple[str, subprocess.Popen, Callable[[], None]]:
-    """Start Prefect's server as its ephemeral mode does, and its watchdog; the API's URL,
-    the server, and a function that stops both."""
+def has_ephemeral_server() -> bool:
+    """Has this process an ephemeral server already (Prefect's, or one :func:`adopt`ed)?
+    Prefect's server module is imported only by a process that has one."""
+    if "prefect.server.api.server" not in sys.modules:
+        return False
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer._instances.get(None)
+    return server is not None and server.running
+
+
+def adopt(server: subprocess.Popen, port: int) -> None:
+    """Make ``server`` this process's ephemeral server: the instance Prefect's clients,
+    events and logs find when they call ``SubprocessASGIServer()``, already running. (Prefect's
+    own test harness registers its server the same way.) Prefect stays in ephemeral mode, as
+    without this early start: no setting changes, so nothing leaks into a later command of
+    the same process that names a server of its own."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    adopted = SubprocessASGIServer(port)
+    adopted.server_process = server
+    adopted.running = True
+    SubprocessASGIServer._instances[None] = adopted
+
+
+def start_server() -> tuple[int, subprocess.Popen, Callable[[], None]]:
+    """Start Prefect's server as its ephemeral mode does, and its watchdog; the server's
+    port, the server, and a function that stops both."""
     import prefect
     from prefect.settings import get_current_settings
 
@@ -99,7 +130,7 @@ def start_server() -> tuple[str, subprocess.Popen, Callable[[], None]]:
         watchdog.wait()
         end(server)
 
-    return f"http://127.0.0.1:{port}/api", server, stop
+    return port, server, stop
 
 
 def startup_timeout() -> float:
@@ -107,19 +138,6 @@ def startup_timeout() -> float:
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
     return float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
-
-
-def use_api(url: str) -> None:
-    """Point this process's Prefect clients at ``url``. The environment variable is set for
-    Prefect's settings to read, then removed, so that commands this one starts (calibration
-    runs, tests' subprocesses) start servers of their own, as they would have."""
-    from prefect.context import refresh_global_settings_context
-
-    os.environ["PREFECT_API_URL"] = url
-    try:
-        refresh_global_settings_context()
-    finally:
-        del os.environ["PREFECT_API_URL"]
 
 
 def end(server: subprocess.Popen) -> None:
