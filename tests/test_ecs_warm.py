@@ -25,7 +25,6 @@ from flows.warm_runs import busy_nodes, draining_nodes, mark_draining
 from infra.ecs import EcsCapacity
 from infra.ecs_warm import WarmServices, WarmWorker, family
 from infra.sizing import CapacityError, InfraError
-from tests.prefect_server import prefect_api  # noqa: F401
 from tests.test_ecs_backend import (  # noqa: F401
     BIG,
     REGION,
