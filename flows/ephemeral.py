@@ -23,12 +23,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from infra.server import free_port, wait_healthy
+from infra.server import free_port, stop_group, wait_healthy
 
 # Prefect's own ephemeral server has no UI and knows it is ephemeral
 # (prefect.server.api.server.SubprocessASGIServer sets the same).
@@ -128,7 +129,7 @@ def start_server() -> tuple[int, subprocess.Popen, Callable[[], None]]:
         if watchdog.stdin is not None:
             watchdog.stdin.close()  # its `cat` ends too
         watchdog.wait()
-        end(server)
+        stop_group(server, signal.SIGTERM, grace=5.0)  # the server is its own group
 
     return port, server, stop
 
@@ -138,14 +139,3 @@ def startup_timeout() -> float:
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
     return float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
-
-
-def end(server: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL if the server still runs 5 s later."""
-    if server.poll() is None:
-        server.terminate()
-        try:
-            server.wait(5)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()

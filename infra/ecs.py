@@ -20,7 +20,9 @@ never logged.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +85,15 @@ def aws_session(
     return session, options
 
 
+@contextlib.contextmanager
+def aws_errors(what: str) -> Iterator[None]:
+    """AWS refusing or unreachable, as a :class:`CapacityError` that names ``what`` failed."""
+    try:
+        yield
+    except (BotoCoreError, ClientError) as exc:
+        raise CapacityError(f"{what}: AWS answered {type(exc).__name__}: {exc}") from None
+
+
 @dataclass(frozen=True)
 class ScalingGroup:
     """The Auto Scaling group behind one capacity provider."""
@@ -127,7 +138,8 @@ class EcsCapacity(Sizer):
         self._touched: set[str] = set()
         self._last_stage: str | None = None
 
-    def _client(self, service: str) -> Any:
+    def client(self, service: str) -> Any:
+        """The boto3 client of ``service`` (ecs, autoscaling, ec2), made once per backend."""
         if not self._clients:
             session, options = aws_session(self.credentials, self.region)
             for name in ("ecs", "autoscaling", "ec2"):
@@ -138,13 +150,11 @@ class EcsCapacity(Sizer):
         """Resolve providers -> groups -> instance types and GPUs; validates the assumptions.
 
         AWS refusing or unreachable is bad input too: nothing has been scaled yet."""
-        try:
+        with aws_errors("compute.ecs"):
             self._check()
-        except (BotoCoreError, ClientError) as exc:
-            raise CapacityError(f"compute.ecs: AWS answered {type(exc).__name__}: {exc}") from None
 
     def _check(self) -> None:
-        ecs = self._client("ecs")
+        ecs = self.client("ecs")
         found = ecs.describe_clusters(clusters=[self.cluster])
         clusters = [c for c in found["clusters"] if c.get("status") == "ACTIVE"]
         if not clusters:
@@ -183,7 +193,7 @@ class EcsCapacity(Sizer):
         self.groups = groups
 
     def _scaling_group(self, provider: str, name: str) -> ScalingGroup:
-        found = self._client("autoscaling").describe_auto_scaling_groups(
+        found = self.client("autoscaling").describe_auto_scaling_groups(
             AutoScalingGroupNames=[name]
         )["AutoScalingGroups"]
         if not found:
@@ -220,7 +230,7 @@ class EcsCapacity(Sizer):
             if spec.get("LaunchTemplateId")
             else {"LaunchTemplateName": spec["LaunchTemplateName"]}
         )
-        versions = self._client("ec2").describe_launch_template_versions(
+        versions = self.client("ec2").describe_launch_template_versions(
             **key, Versions=[spec.get("Version") or "$Default"]
         )["LaunchTemplateVersions"]
         instance_type = versions[0]["LaunchTemplateData"].get("InstanceType") if versions else None
@@ -233,7 +243,7 @@ class EcsCapacity(Sizer):
 
     def _gpus_per_node(self, instance_type: str) -> int:
         try:
-            info = self._client("ec2").describe_instance_types(InstanceTypes=[instance_type])
+            info = self.client("ec2").describe_instance_types(InstanceTypes=[instance_type])
         except ClientError as exc:
             raise CapacityError(f"instance type {instance_type!r}: {exc}") from None
         gpus = sum(g["Count"] for g in info["InstanceTypes"][0].get("GpuInfo", {}).get("Gpus", []))
@@ -257,7 +267,7 @@ class EcsCapacity(Sizer):
         return self.groups[demand.instance_type]
 
     def _desired(self, group: ScalingGroup) -> int:
-        return self._client("autoscaling").describe_auto_scaling_groups(
+        return self.client("autoscaling").describe_auto_scaling_groups(
             AutoScalingGroupNames=[group.name]
         )["AutoScalingGroups"][0]["DesiredCapacity"]
 
@@ -265,7 +275,7 @@ class EcsCapacity(Sizer):
         before = self._desired(group)
         # Marked before the call: if the call half-succeeds, release still covers the group.
         self._touched.add(group.name)
-        self._client("autoscaling").set_desired_capacity(
+        self.client("autoscaling").set_desired_capacity(
             AutoScalingGroupName=group.name, DesiredCapacity=nodes, HonorCooldown=False
         )
         return SizingRecord(stage, f"asg {group.name}", "desired_capacity", before, nodes, detail)
@@ -318,7 +328,7 @@ class EcsCapacity(Sizer):
             time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
 
     def _not_ready(self) -> int:
-        ecs = self._client("ecs")
+        ecs = self.client("ecs")
         pages = ecs.get_paginator("list_container_instances").paginate(
             cluster=self.cluster, status="ACTIVE"
         )
@@ -331,7 +341,7 @@ class EcsCapacity(Sizer):
             joined |= {c["ec2InstanceId"] for c in described["containerInstances"]}
         short = 0
         for group in self.groups.values():
-            asg = self._client("autoscaling").describe_auto_scaling_groups(
+            asg = self.client("autoscaling").describe_auto_scaling_groups(
                 AutoScalingGroupNames=[group.name]
             )["AutoScalingGroups"][0]
             ready = sum(

@@ -27,19 +27,15 @@ Example (the task definition of pool ``gpu-warm``'s workers on 4-GPU instances):
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from flows.pools import LIVE_SECONDS
 from flows.warm_runs import busy_nodes, mark_draining
-from infra.ecs import EcsCapacity, ScalingGroup, aws_session
+from infra.ecs import EcsCapacity, ScalingGroup, aws_errors
 from infra.sizing import CapacityError, InfraError, SizingRecord
 
 # Pool names become part of ECS family and service names and of a Prefect variable's name.
@@ -96,15 +92,6 @@ def _check_reachable(field: str, url: str) -> None:
         raise InfraError(f"{field}: {url!r} is this machine's loopback; ECS tasks cannot reach it")
 
 
-@contextlib.contextmanager
-def aws_errors(what: str) -> Iterator[None]:
-    """AWS refusing or unreachable, as an :class:`InfraError` that names ``what`` failed."""
-    try:
-        yield
-    except (BotoCoreError, ClientError) as exc:
-        raise CapacityError(f"{what}: AWS answered {type(exc).__name__}: {exc}") from None
-
-
 def family(pool: str, instance_type: str) -> str:
     """The task definition family, and service name, of ``pool``'s workers on a type."""
     return f"elastune-warm-{pool}-{instance_type.replace('.', '-')}"
@@ -147,9 +134,8 @@ class WarmServices:
 
     def __init__(self, capacity: EcsCapacity) -> None:
         self.capacity = capacity
-        session, options = aws_session(capacity.credentials, capacity.region)
-        self.ecs = session.client("ecs", **options)
-        self.autoscaling = session.client("autoscaling", **options)
+        self.ecs = capacity.client("ecs")
+        self.autoscaling = capacity.client("autoscaling")
 
     def _groups(self) -> list[ScalingGroup]:
         if not self.capacity.groups:
