@@ -2,27 +2,38 @@
 second half of ``elastune profile`` (the first, :func:`tasks.profile.measure`, times units
 in-process, one trial alone, and gives their spread and the device shares).
 
-Three small jobs run through the real machinery (Prefect, MLflow, Optuna, the job's pool),
-each as ``elastune run`` in a fresh process, so that each pays the cold start a real run
-pays (imports, the first model and data, the first dispatch): the job cut down to one SHA
-rung of ``r`` resource units, ``n x compute.workers`` trials of the random sampler (``n``
-waves of segments, every slot busy, torch's threads shared as in a run), not planned, its
-stores in a throwaway folder. Their wall seconds follow
-``W(n, r) = F + n * (o + r * t)``, where ``F`` is what the job spends outside its
-segments (runs and study created, best model registered: the profile's ``job_overhead_s``),
-``o`` what a segment spends outside its units (dispatch, MLflow, the model built, checkpoint
-I/O, warm-up: ``overhead_s``) and ``t`` a slot's seconds per unit
-(``seconds_per_unit: {1: t}``). :data:`RUNS` holds the three ``(n, r)``, with ``r`` in
-units of the job's first resource level; :func:`solve` recovers ``F``, ``o`` and ``t``.
+Small jobs run through the real machinery (Prefect, MLflow, Optuna, the job's pool), each
+as ``elastune run`` in a fresh process, so that each pays the cold start a real run pays
+(imports, the first model and data, the first dispatch): the job cut down to one SHA rung
+of ``r`` resource units, ``n x compute.workers`` trials of the random sampler (``n`` waves
+of segments, every slot busy, torch's threads shared as in a run), not planned, its stores
+in a throwaway folder. Their wall seconds follow ``W(n, r) = F + n * (o + r * t)``, where
+``F`` is what the job spends outside its segments (runs and study created, best model
+registered: the profile's ``job_overhead_s``), ``o`` what a segment spends outside its
+units (dispatch, MLflow, the model built, checkpoint I/O, warm-up: ``overhead_s``) and
+``t`` a slot's seconds per unit (``seconds_per_unit: {1: t}``).
+
+:func:`runs` picks three ``(n, k)``, with ``r = k`` first resource levels: 1 and 4 waves of
+one level, and 4 waves of ``k`` levels, ``k`` large enough that the longer units add
+:data:`UNITS_S` seconds per segment over the short ones (on this machine's timing noise,
+a difference of a fraction of a second measures nothing). Each runs :data:`REPEATS` times:
+:func:`solve` recovers ``F``, ``o`` and ``t`` from the means, and the walls' spread around
+their own job's mean is the run-to-run spread of a job (``job_overhead_sd``: the server's
+start, imports and dispatch jitter), which puts the forecast's p95 above its p50 even for a
+trainable whose units never vary.
 
 Example (walls of F = 3, o = 0.5, t = 0.2 at a first level of 1 unit):
-    >>> solve({(1, 1): 3.7, (4, 1): 5.8, (4, 3): 7.4}, 1.0, 0.3)
-    {'seconds_per_unit': 0.2, 'overhead_s': 0.5, 'job_overhead_s': 3.0}
+    >>> solve({(1, 1): [3.7], (4, 1): [5.8], (4, 3): [7.4]}, 1.0, 0.3)
+    {'seconds_per_unit': 0.2, 'overhead_s': 0.5, 'job_overhead_s': 3.0, 'job_overhead_sd': 0.0}
+    >>> runs(1.0, 0.05)  # 1.25 s more per segment takes 26 levels of 0.05 s
+    ((1, 1), (4, 1), (4, 26))
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,8 +44,8 @@ import yaml
 
 from planners.spec import JobSpec, SpecError
 
-# (waves, resource in first levels) of the three calibration jobs.
-RUNS: tuple[tuple[int, int], ...] = ((1, 1), (4, 1), (4, 3))
+REPEATS = 2  # runs of each calibration job: their spread is a job's run-to-run spread
+UNITS_S = 1.25  # seconds the longer units add to a segment, by the in-process timing
 
 
 def first_level(spec: JobSpec) -> float:
@@ -83,35 +94,53 @@ def run_elsewhere(job: JobSpec, folder: Path) -> float:
     return float(json.loads(done.stdout)["wall_seconds"])
 
 
-def solve(walls: dict[tuple[int, int], float], level: float, fallback_t: float) -> dict[str, float]:
-    """``t``, ``o`` and ``F`` from the calibration jobs' wall seconds (see the module
-    docstring). Where noise makes ``t`` come out non-positive (units far shorter than the
-    timing noise), ``fallback_t``, the in-process timing, is used."""
-    (n1, k1), (n2, _), (n3, k3) = RUNS
-    wave = (walls[RUNS[1]] - walls[RUNS[0]]) / (n2 - n1)  # o + k1 * level * t
-    job = walls[RUNS[0]] - n1 * wave
-    longer = (walls[RUNS[2]] - job) / n3  # o + k3 * level * t
+def runs(level: float, alone: float) -> tuple[tuple[int, int], ...]:
+    """(waves, resource in first levels) of the three calibration jobs, given the first
+    level's units and a unit's seconds timed in-process (``alone``)."""
+    longer = max(3, 1 + math.ceil(UNITS_S / (level * alone)))
+    return ((1, 1), (4, 1), (4, longer))
+
+
+def solve(
+    walls: dict[tuple[int, int], list[float]], level: float, fallback_t: float
+) -> dict[str, float]:
+    """``t``, ``o``, ``F`` and the run-to-run spread from the calibration jobs' wall seconds,
+    keyed as :func:`runs` gives them (see the module docstring). Where noise makes ``t``
+    come out non-positive, ``fallback_t``, the in-process timing, is used."""
+    ((n1, k1), first), ((n2, _), second), ((n3, k3), third) = (
+        (key, statistics.fmean(values)) for key, values in walls.items()
+    )
+    wave = (second - first) / (n2 - n1)  # o + k1 * level * t
+    job = first - n1 * wave
+    longer = (third - job) / n3  # o + k3 * level * t
     t = (longer - wave) / ((k3 - k1) * level)
     t = t if t > 0 else fallback_t
+    squares = sum((w - statistics.fmean(ws)) ** 2 for ws in walls.values() for w in ws)
+    dof = sum(len(ws) - 1 for ws in walls.values())
     return {
         "seconds_per_unit": round(t, 6),
         "overhead_s": round(max(0.0, wave - k1 * level * t), 4),
         "job_overhead_s": round(max(0.0, job), 4),
+        "job_overhead_sd": round(math.sqrt(squares / dof), 4) if dof else 0.0,
     }
 
 
-def calibrate(spec: JobSpec, profile: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+def calibrate(
+    spec: JobSpec, profile: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, list[float]]]:
     """``profile`` (a ``profile:`` section measured in-process) anchored to this machine's
     slots: every timing and spread scaled so that one slot takes the calibrated seconds
     per unit (the in-process relative speeds and spread kept), with the calibrated
-    ``overhead_s`` and ``job_overhead_s``; and the calibration jobs' wall seconds."""
+    ``overhead_s``, ``job_overhead_s`` and ``job_overhead_sd``; and the calibration jobs'
+    wall seconds."""
     level = first_level(spec)
-    walls = {}
-    for waves, levels in RUNS:
-        with tempfile.TemporaryDirectory() as folder:
-            job = calibration_job(spec, waves, levels * level, Path(folder))
-            walls[(waves, levels)] = run_elsewhere(job, Path(folder))
     alone = profile["seconds_per_unit"][1]
+    walls: dict[tuple[int, int], list[float]] = {}
+    for _ in range(REPEATS):  # interleaved, so a slow minute of the machine hits every job
+        for waves, levels in runs(level, alone):
+            with tempfile.TemporaryDirectory() as folder:
+                job = calibration_job(spec, waves, levels * level, Path(folder))
+                walls.setdefault((waves, levels), []).append(run_elsewhere(job, Path(folder)))
     solved = solve(walls, level, alone)
     scale = solved.pop("seconds_per_unit") / alone
     out = {**profile, **solved}

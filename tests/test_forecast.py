@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -189,12 +190,38 @@ def test_calibration_jobs_are_one_rung_of_full_waves(tmp_path: Path) -> None:
 def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
     from flows.calibrate import solve
 
-    # F = 2, o = 0.25, t = 0.5 at a first level of 2 units.
-    walls = {(1, 1): 2 + 1.25, (4, 1): 2 + 4 * 1.25, (4, 3): 2 + 4 * 3.25}
+    # F = 2, o = 0.25, t = 0.5 at a first level of 2 units; each job run twice, 0.1 s apart.
+    walls = {
+        (1, 1): [2 + 1.25 - 0.05, 2 + 1.25 + 0.05],
+        (4, 1): [2 + 4 * 1.25 - 0.05, 2 + 4 * 1.25 + 0.05],
+        (4, 3): [2 + 4 * 3.25 + 0.05, 2 + 4 * 3.25 - 0.05],
+    }
     assert solve(walls, 2.0, 9.9) == {
         "seconds_per_unit": 0.5,
         "overhead_s": 0.25,
         "job_overhead_s": 2.0,
+        "job_overhead_sd": round((6 * 0.05**2 / 3) ** 0.5, 4),
     }
-    noisy = {(1, 1): 3.0, (4, 1): 6.0, (4, 3): 5.9}  # longer units ran faster: noise
+    noisy = {(1, 1): [3.0], (4, 1): [6.0], (4, 3): [5.9]}  # longer units ran faster: noise
     assert solve(noisy, 1.0, 0.1)["seconds_per_unit"] == 0.1
+    assert solve(noisy, 1.0, 0.1)["job_overhead_sd"] == 0.0  # one run each: no spread known
+
+
+def test_calibration_lengthens_short_units_past_the_timing_noise() -> None:
+    from flows.calibrate import UNITS_S, runs
+
+    assert runs(1.0, 60.0) == ((1, 1), (4, 1), (4, 3))  # long units: three levels are plenty
+    (_, _), (_, _), (waves, levels) = runs(2.0, 0.04)
+    assert waves == 4 and (levels - 1) * 2.0 * 0.04 >= UNITS_S > (levels - 2) * 2.0 * 0.04
+
+
+def test_the_job_overhead_spread_widens_the_forecast_not_its_middle() -> None:
+    def jct(sd: float) -> tuple[float, float]:
+        profile = {"seconds_per_unit": {1: 10.0}, "job_overhead_s": 4.0, "job_overhead_sd": sd}
+        outcome = plan_job(parse_job(job(profile=profile)), samples=400).outcome
+        return float(np.median(outcome.jct)), float(np.quantile(outcome.jct, 0.95))
+
+    (p50, p95), (spread_p50, spread_p95) = jct(0.0), jct(2.0)
+    assert p95 == pytest.approx(p50)  # nothing varies: p95 = p50
+    assert spread_p50 == pytest.approx(p50, abs=0.3)
+    assert spread_p95 - p95 == pytest.approx(1.645 * 2.0, rel=0.15)

@@ -24,6 +24,7 @@ from planners.cost.pool import Array
 # What each stream is for (its purpose).
 DURATION, QUEUE, STARTUP, LIFETIME = 0, 1, 2, 3
 HELD = 4  # lifetimes of the spot nodes a chain already holds when it is simulated
+JOB = 5  # the job's own overhead, one per sample (keyed on bracket 0, for every chain)
 SPOT = 8  # replacement round r of a stage: SPOT + 8r + 0..3 (busy) and + 4..6 (idle)
 
 

@@ -2,7 +2,8 @@
 
 Each chain (bracket) runs its stages in order with a barrier between them, from the job's
 start plus the profile's ``job_overhead_s`` (what a job spends outside its segments, counted
-before the first). At a barrier the stage's pool is resized: surplus nodes are released (the
+before the first; drawn once per sample with its spread ``job_overhead_sd``, the same for
+every chain). At a barrier the stage's pool is resized: surplus nodes are released (the
 newest first, so survivors keep their nodes and nothing migrates) and missing ones are
 requested (queueing plus startup, sampled). A change of instance type releases the whole
 pool. Trials are placed best-fit (§5.5); each slot starts as soon as its node is ready and
@@ -61,7 +62,7 @@ import numpy as np
 
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, InstanceType
-from planners.cost.draws import DURATION, HELD, LIFETIME, QUEUE, SPOT, STARTUP, Draws
+from planners.cost.draws import DURATION, HELD, JOB, LIFETIME, QUEUE, SPOT, STARTUP, Draws
 from planners.cost.outcome import ChainRun, Outcome
 from planners.cost.pool import Array, NodePool
 from planners.cost.trace import SegmentSpan, Trace
@@ -85,9 +86,9 @@ class _ChainState:
     lost: list[Array] = field(default_factory=list)
 
     @classmethod
-    def start(cls, samples: int, job_overhead_s: float = 0.0) -> _ChainState:
-        """A chain before its first stage, which starts ``job_overhead_s`` into the job."""
-        return cls(np.full(samples, job_overhead_s), np.zeros(samples))
+    def start(cls, at: Array) -> _ChainState:
+        """A chain before its first stage, which starts ``at`` seconds into the job."""
+        return cls(at, np.zeros_like(at))
 
     @property
     def stages(self) -> int:
@@ -229,8 +230,8 @@ class PlanSimulator:
 
     def _simulate(self, chain: tuple[StagePlan, ...], trace: Trace | None = None) -> ChainRun:
         nominal = trace is not None  # one sample at the means, recorded node by node
-        startup = self.profile.job_overhead_s
-        state = _ChainState.start(1, startup) if nominal else self._resume(chain)
+        startup = np.full(1, self.profile.job_overhead_s)
+        state = _ChainState.start(startup) if nominal else self._resume(chain)
         for length, stage in enumerate(chain[state.stages :], start=state.stages + 1):
             instance = self.catalog.get(stage.instance_type, "plan.instance_type")
             price = instance.price(stage.market)  # checks that a spot stage has spot prices
@@ -241,6 +242,12 @@ class PlanSimulator:
                 self._prefixes[chain[:length]] = state.copy()
         return state.run()
 
+    def _job_start(self) -> Array:
+        """When the chains' first stages start, per sample: the job's overhead, one draw
+        per sample for every chain (it is the job's, not a chain's)."""
+        z = self.draws.normals(0, 0, JOB, 1)[:, 0]
+        return np.maximum(self.profile.job_overhead_s + self.profile.job_overhead_sd * z, 0.0)
+
     def _resume(self, chain: tuple[StagePlan, ...]) -> _ChainState:
         """Candidate plans mostly differ in a late stage: the state after the longest prefix
         of ``chain`` already simulated (it depends on nothing after it), or the start."""
@@ -250,7 +257,7 @@ class PlanSimulator:
                 return state.copy()
         # A chain in flight still has the job's overhead ahead where it is spent at the
         # job's end; counting all of it again errs on the safe side.
-        state = _ChainState.start(self.samples, self.profile.job_overhead_s)
+        state = _ChainState.start(self._job_start())
         last = self.holding.get(chain[0].bracket)
         if last is not None:  # in flight: it holds its last stage's nodes, ready now
             instance = self.catalog.get(last.instance_type, "plan.instance_type")

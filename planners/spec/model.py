@@ -405,6 +405,8 @@ class ProfileSpec(StrictModel):
     overhead_s: NonNegativeFloat = 0.0  # per segment: dispatch, restore and save a checkpoint
     # Per job, outside its segments: its runs and study created, its best model registered.
     job_overhead_s: NonNegativeFloat = 0.0
+    # Run-to-run spread of a job's wall outside its units (start, server, dispatch jitter).
+    job_overhead_sd: NonNegativeFloat = 0.0
     speedup: dict[PositiveFloat, PositiveFloat] | None = None
     serial_fraction: float | None = Field(default=None, ge=0, lt=1)
     gpus: list[PositiveFloat] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1)

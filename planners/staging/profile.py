@@ -7,7 +7,8 @@ speeds relative to one whole GPU. Speedup is ``S(g) = t(1) / t(g)``.
 A segment of ``r`` resource units on ``g`` GPUs takes ``overhead + r * t(g)`` seconds on
 average; ``overhead`` is what a segment spends outside its units (dispatch, building the
 model, restoring and saving a checkpoint). A job spends ``job_overhead_s`` outside its
-segments (its runs and study created, its best model registered). Its spread has two parts:
+segments (its runs and study created, its best model registered), give or take
+``job_overhead_sd`` from one run to the next. A segment's spread has two parts:
 unit-to-unit noise, independent between units, so by the central limit theorem its sd grows
 as ``sqrt(r) * sd(g)`` (docs/algorithms.md §5.3); and a per-segment straggler factor
 ``segment_cv`` (a slow node stays slow for the whole segment), whose sd grows as
@@ -96,6 +97,7 @@ class Profile:
             the packer's rescale cost, paid when it restarts a running segment.
         job_overhead_s: Seconds a job spends outside its segments (the cost simulator
             counts them before the first).
+        job_overhead_sd: Their spread from one run of the job to the next.
         gpu: GPU model the timings were measured on; ``None`` means any model.
         gpu_speed: Throughput of other GPU models relative to ``gpu`` (2.0: twice as
             fast): the job file's ``speed``.
@@ -105,6 +107,7 @@ class Profile:
     segment_cv: float = 0.0
     overhead_s: float = 0.0
     job_overhead_s: float = 0.0
+    job_overhead_sd: float = 0.0
     gpu: str | None = None
     gpu_speed: Mapping[str, float] = field(default_factory=dict)
 
@@ -129,6 +132,7 @@ class Profile:
             ("segment_cv", self.segment_cv),
             ("overhead_s", self.overhead_s),
             ("job_overhead_s", self.job_overhead_s),
+            ("job_overhead_sd", self.job_overhead_sd),
         ):
             if not value >= 0:
                 raise ProfileError(f"profile.{name}: must be >= 0, got {value}")
@@ -180,6 +184,7 @@ class Profile:
             "segment_cv": spec.segment_cv,
             "overhead_s": spec.overhead_s,
             "job_overhead_s": spec.job_overhead_s,
+            "job_overhead_sd": spec.job_overhead_sd,
             "gpu": spec.gpu,
             "gpu_speed": dict(spec.speed),
         }
@@ -259,6 +264,8 @@ class Profile:
             out["overhead_s"] = self.overhead_s
         if self.job_overhead_s:
             out["job_overhead_s"] = self.job_overhead_s
+        if self.job_overhead_sd:
+            out["job_overhead_sd"] = self.job_overhead_sd
         if self.gpu is not None:
             out["gpu"] = self.gpu
         if self.gpu_speed:
