@@ -59,6 +59,10 @@ class Draws:
             draws = self._draws[key] = draws.T
         return draws[:, :columns]
 
+    def job(self, mean: float, sd: float) -> Array:
+        """The job's own overhead per sample (S): one draw for every chain of the job."""
+        return np.maximum(mean + sd * self.normals(0, 0, JOB, 1)[:, 0], 0.0)
+
     def delays(
         self, instance: InstanceType, stage: StagePlan, purposes: tuple[int, int], columns: int
     ) -> Array:

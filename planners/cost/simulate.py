@@ -62,7 +62,7 @@ import numpy as np
 
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, InstanceType
-from planners.cost.draws import DURATION, HELD, JOB, LIFETIME, QUEUE, SPOT, STARTUP, Draws
+from planners.cost.draws import DURATION, HELD, LIFETIME, QUEUE, SPOT, STARTUP, Draws
 from planners.cost.outcome import ChainRun, Outcome
 from planners.cost.pool import Array, NodePool
 from planners.cost.trace import SegmentSpan, Trace
@@ -242,12 +242,6 @@ class PlanSimulator:
                 self._prefixes[chain[:length]] = state.copy()
         return state.run()
 
-    def _job_start(self) -> Array:
-        """When the chains' first stages start, per sample: the job's overhead, one draw
-        per sample for every chain (it is the job's, not a chain's)."""
-        z = self.draws.normals(0, 0, JOB, 1)[:, 0]
-        return np.maximum(self.profile.job_overhead_s + self.profile.job_overhead_sd * z, 0.0)
-
     def _resume(self, chain: tuple[StagePlan, ...]) -> _ChainState:
         """Candidate plans mostly differ in a late stage: the state after the longest prefix
         of ``chain`` already simulated (it depends on nothing after it), or the start."""
@@ -257,7 +251,8 @@ class PlanSimulator:
                 return state.copy()
         # A chain in flight still has the job's overhead ahead where it is spent at the
         # job's end; counting all of it again errs on the safe side.
-        state = _ChainState.start(self._job_start())
+        profile = self.profile
+        state = _ChainState.start(self.draws.job(profile.job_overhead_s, profile.job_overhead_sd))
         last = self.holding.get(chain[0].bracket)
         if last is not None:  # in flight: it holds its last stage's nodes, ready now
             instance = self.catalog.get(last.instance_type, "plan.instance_type")
