@@ -154,6 +154,7 @@ def test_a_plan_late_only_within_the_noise_of_its_segments_is_kept() -> None:
     kept = planner.decide(plan, finished, 900.0, 5.0, slow, held, optimistic=PRIOR)
     assert kept.reason is Reason.ON_TRACK and not kept.changed
     assert kept.kept.jct_s > DEADLINE - 900  # late on the estimate, all the same
+    assert "within the noise" in kept.describe()
     # Late even one standard error faster: re-planned.
     late = planner.decide(plan, finished, 900.0, 5.0, slow, held, optimistic=scaled(1.3))
     assert late.reason is Reason.LATE and late.changed

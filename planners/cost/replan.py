@@ -238,8 +238,15 @@ class Decision:
     def describe(self) -> str:
         """One line for a log: the reason and the two forecasts."""
         left = "" if self.deadline_left_s is None else f" of {self.deadline_left_s:.0f} s left"
+        noise = (
+            " (late within the noise of the segments measured)"
+            if self.reason is Reason.ON_TRACK
+            and self.deadline_left_s is not None
+            and self.kept.jct_s > self.deadline_left_s
+            else ""
+        )
         return (
-            f"{self.reason.value}: kept plan p-JCT {self.kept.jct_s:.0f} s{left}, "
+            f"{self.reason.value}{noise}: kept plan p-JCT {self.kept.jct_s:.0f} s{left}, "
             f"${self.kept.cost_mean:.2f}; chosen {self.chosen.jct_s:.0f} s, "
             f"${self.chosen.cost_mean:.2f}"
         )
