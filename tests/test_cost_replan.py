@@ -58,14 +58,48 @@ def test_measured_segments_scale_their_width_and_the_pooled_ratio_the_others() -
     estimate = ProfileEstimate(PRIOR, prior_weight=1.0)
     for seconds in (1400.0, 1480.0, 1440.0, 1440.0):
         estimate.observe(1, 1.0, seconds)
-    assert estimate.ratio(1) == pytest.approx((4 * 2.0 + estimate.pooled()) / 5)
-    assert estimate.pooled() == pytest.approx((4 * 2.0 + 1.0) / 5)
+    weight = estimate.pseudo_segments()
+    assert weight == pytest.approx((estimate.spread() / 0.5) ** 2)
+    assert estimate.ratio(1) == pytest.approx((4 * 2.0 + weight * estimate.pooled()) / (4 + weight))
+    assert estimate.pooled() == pytest.approx((4 * 2.0 + weight) / (4 + weight))
     assert estimate.ratio(4) == estimate.pooled()
     updated = estimate.profile()
     assert updated.timing(1).mean == pytest.approx(720 * estimate.ratio(1))
     assert updated.timing(4).mean == pytest.approx(225 * estimate.pooled())
     # The spread of the four around their mean (sd 0.0163 relative), mixed with the prior.
     assert 0.02 < estimate.spread() < 0.05
+
+
+def test_scattered_segments_move_the_estimate_less_than_steady_ones() -> None:
+    steady, scattered = ProfileEstimate(PRIOR), ProfileEstimate(PRIOR)
+    for low, high in ((1420.0, 1460.0), (1430.0, 1450.0)):
+        steady.observe(1, 1.0, low)
+        steady.observe(1, 1.0, high)
+    for low, high in ((700.0, 2180.0), (1000.0, 1880.0)):
+        scattered.observe(1, 1.0, low)
+        scattered.observe(1, 1.0, high)
+    # Both measured twice the prior's seconds on average; the prior (off by up to half)
+    # weighs nearly nothing against the steady ones.
+    assert steady.pseudo_segments() < 0.05 < 0.5 < scattered.pseudo_segments()
+    assert steady.ratio(1) == pytest.approx(2.0, abs=0.01)
+    assert scattered.ratio(1) < steady.ratio(1) - 0.02
+    assert steady.error() < scattered.error()
+
+
+def test_the_fastest_and_slowest_profiles_are_one_standard_error_away() -> None:
+    estimate = ProfileEstimate(PRIOR)
+    assert estimate.error() == 0.5  # nothing measured: the prior's own error
+    for seconds in (1000.0, 1900.0, 1400.0, 1460.0):
+        estimate.observe(1, 1.0, seconds)
+    error = estimate.error()
+    assert error == pytest.approx(estimate.spread() / (4 + estimate.pseudo_segments()) ** 0.5)
+    fast, slow = estimate.profile(errors=-1.0), estimate.profile(errors=1.0)
+    assert fast.timing(1).mean == pytest.approx(720 * estimate.ratio(1) * (1 - error))
+    assert slow.timing(4).mean == pytest.approx(225 * estimate.pooled() * (1 + error))
+    assert fast.segment_cv == slow.segment_cv == estimate.profile().segment_cv
+    for _ in range(60):  # more segments, less doubt
+        estimate.observe(1, 1.0, 1440.0)
+    assert estimate.error() < error / 3
 
 
 def test_the_overhead_is_not_counted_as_work() -> None:
@@ -110,6 +144,22 @@ def test_a_run_twice_as_slow_replans_the_rest_to_meet_the_deadline() -> None:
     assert "late" in decision.describe()
 
 
+def test_a_plan_late_only_within_the_noise_of_its_segments_is_kept() -> None:
+    planner = replanner()
+    plan = planner.plan(PRIOR).plan
+    finished, held = after_first_stage(plan)
+    slow = scaled(1.4)
+    assert planner.decide(plan, finished, 900.0, 5.0, slow, held).reason is Reason.LATE
+    # The segments cannot rule out the profile's speed: no re-plan for lateness.
+    kept = planner.decide(plan, finished, 900.0, 5.0, slow, held, optimistic=PRIOR)
+    assert kept.reason is Reason.ON_TRACK and not kept.changed
+    assert kept.kept.jct_s > DEADLINE - 900  # late on the estimate, all the same
+    assert "within the noise" in kept.describe()
+    # Late even one standard error faster: re-planned.
+    late = planner.decide(plan, finished, 900.0, 5.0, slow, held, optimistic=scaled(1.3))
+    assert late.reason is Reason.LATE and late.changed
+
+
 def test_a_deadline_out_of_reach_goes_on_at_the_fastest_plan_and_says_so() -> None:
     planner = replanner()
     plan = planner.plan(PRIOR).plan
@@ -129,6 +179,18 @@ def test_a_faster_run_moves_to_a_cheaper_plan() -> None:
     decision = planner.decide(plan, finished, 400.0, 5.0, scaled(0.5), held)
     assert decision.reason is Reason.CHEAPER and decision.changed
     assert decision.chosen.cost_mean < decision.kept.cost_mean * 0.95
+
+
+def test_a_cheaper_plan_must_meet_the_deadline_if_the_run_is_slower_than_measured() -> None:
+    planner = replanner(deadline=2400.0)
+    plan = planner.plan(PRIOR).plan
+    finished, held = after_first_stage(plan)
+    fast = scaled(0.5)
+    cheaper = planner.decide(plan, finished, 400.0, 5.0, fast, held, pessimistic=scaled(0.55))
+    assert cheaper.reason is Reason.CHEAPER and cheaper.changed
+    # The segments cannot rule out the profile's speed, at which the cheaper plan is late.
+    kept = planner.decide(plan, finished, 400.0, 5.0, fast, held, pessimistic=PRIOR)
+    assert kept.reason is Reason.ON_TRACK and not kept.changed
 
 
 def test_a_plan_over_the_budget_moves_to_one_within_it() -> None:

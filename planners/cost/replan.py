@@ -5,10 +5,14 @@ segments, and at each stage barrier whether to keep the plan of the remaining st
 segments measured since. Each segment gives the ratio of its measured seconds (less the
 profile's ``overhead_s``) to the prior's ``resource x seconds per unit`` at its width; a
 width's ratio is the resource-weighted mean of its segments' ratios, shrunk towards the
-pooled ratio of every width by ``prior_weight`` pseudo-segments, and a width not seen yet
-takes the pooled ratio (the pooled one is shrunk towards 1, the prior, the same way). The
-straggler spread (``segment_cv``) is the pooled sd of the segments' ratios around their
-width's ratio, mixed with the prior's spread by the same weight.
+pooled ratio of every width, and a width not seen yet takes the pooled ratio (the pooled
+one is shrunk towards 1, the prior, the same way). The shrinkage weighs by precision: a
+segment's ratio is off by the straggler spread, the prior's by ``prior_error`` (0.5), so
+the prior counts for ``(spread / prior_error) ** 2`` segments: little against steady
+segments, more against scattered ones. The straggler spread (``segment_cv``) is the pooled
+sd of the segments' ratios around their width's ratio, mixed with the prior's spread by
+``prior_weight`` pseudo-segments; the ratios' relative standard error (``error``) is that
+spread over the root of the segments, the prior's pseudo-segments counted.
 
 :class:`Replanner` decides, given the plan, the trials finished per stage, the seconds
 elapsed and the dollars spent, and the updated profile; at a barrier or inside a stage
@@ -18,14 +22,18 @@ change). It prices the plan of the remaining work with
 :class:`~planners.cost.rubberband.RubberBand` plan it afresh against what is left of the
 deadline; then, in this order:
 
-- ``late``: the kept plan misses the remaining deadline at the simulator's quantile, and
-  the new plan meets it: switch;
+- ``late``: the kept plan misses the remaining deadline at the simulator's quantile, also
+  with every ratio one standard error faster (``optimistic``: a plan made to just meet
+  the deadline must not be rebuilt on the noise of a few stragglers), and the new plan
+  meets it: switch;
 - ``deadline_at_risk``: no plan meets the remaining deadline any more: go on at the
   fastest plan (RubberBand's infeasible answer) and say so;
 - ``over_budget``: the kept plan's cost at the quantile exceeds what is left of the
   budget and the new plan (which meets the deadline) costs less: switch;
-- ``cheaper``: the new plan meets both and its mean cost is below the kept plan's by more
-  than ``margin`` (a re-plan moves nodes, so a small saving is not worth it): switch;
+- ``cheaper``: the new plan meets both, the deadline also with every ratio one standard
+  error slower (``pessimistic``: nor is a plan cut on the noise of a few fast segments),
+  and its mean cost is below the kept plan's by more than ``margin`` (a re-plan moves
+  nodes, so a small saving is not worth it): switch;
 - ``on_track``: keep the plan.
 
 The remaining stages are priced as a job of their own whose chains start holding the
@@ -85,13 +93,19 @@ class ProfileEstimate:
 
     Args:
         prior: The profile the plan was made with.
-        prior_weight: How many segments the prior counts for against the measurements.
+        prior_error: How far off the prior's speed may be, as a relative sd (0.5: by half
+            either way): against a segment, whose ratio is off by the spread, the prior
+            counts for ``(spread / prior_error) ** 2`` segments.
+        prior_weight: How many segments the prior's straggler spread counts for.
     """
 
-    def __init__(self, prior: Profile, prior_weight: float = 1.0):
+    def __init__(self, prior: Profile, prior_error: float = 0.5, prior_weight: float = 1.0):
+        if not prior_error > 0:
+            raise ValueError(f"prior_error must be > 0, got {prior_error}")
         if not prior_weight > 0:
             raise ValueError(f"prior_weight must be > 0, got {prior_weight}")
         self.prior = prior
+        self.prior_error = prior_error
         self.prior_weight = prior_weight
         self._widths: dict[float, _Width] = {}
 
@@ -114,9 +128,15 @@ class ProfileEstimate:
     def _shrunk(self, measured: float, forecast: float, count: int, towards: float) -> float:
         if count == 0:
             return towards
-        return (count * measured / forecast + self.prior_weight * towards) / (
-            count + self.prior_weight
-        )
+        weight = self.pseudo_segments()
+        return (count * measured / forecast + weight * towards) / (count + weight)
+
+    def pseudo_segments(self) -> float:
+        """How many segments the prior's speed counts for: a segment's ratio is off by the
+        spread, the prior's by ``prior_error`` (precision weights). Segments that do not
+        scatter give no precision to weigh by: the prior counts for ``prior_weight``."""
+        spread = self.spread()
+        return (spread / self.prior_error) ** 2 if spread > 0 else self.prior_weight
 
     def pooled(self) -> float:
         """Measured over forecast seconds across every width, shrunk towards 1."""
@@ -145,13 +165,24 @@ class ProfileEstimate:
             return prior
         return math.sqrt((self.prior_weight * prior**2 + squares) / (self.prior_weight + dof))
 
-    def profile(self) -> Profile:
-        """The prior with every width's timing scaled by its ratio and the measured spread."""
+    def profile(self, errors: float = 0.0) -> Profile:
+        """The prior with every width's timing scaled by its ratio and the measured spread;
+        ``errors`` moves every ratio by that many standard errors (:meth:`error`): -1 is
+        the fastest the segments cannot rule out, 1 the slowest."""
+        shift = max(1.0 + errors * self.error(), 0.0)
         timings = {
-            g: Timing(t.mean * self.ratio(g), t.sd * self.ratio(g))
+            g: Timing(t.mean * self.ratio(g) * shift, t.sd * self.ratio(g) * shift)
             for g, t in self.prior.timings.items()
         }
         return dataclasses.replace(self.prior, timings=timings, segment_cv=self.spread())
+
+    def error(self) -> float:
+        """Relative standard error of the ratios (what a few stragglers can move them by):
+        the spread over the root of the segments, the prior's pseudo-segments counted."""
+        spread = self.spread()
+        if spread == 0:  # segments that do not scatter: exact once one is measured
+            return 0.0 if self.segments else self.prior_error
+        return spread / math.sqrt(self.segments + self.pseudo_segments())
 
 
 class Reason(StrEnum):
@@ -207,8 +238,15 @@ class Decision:
     def describe(self) -> str:
         """One line for a log: the reason and the two forecasts."""
         left = "" if self.deadline_left_s is None else f" of {self.deadline_left_s:.0f} s left"
+        noise = (
+            " (late within the noise of the segments measured)"
+            if self.reason is Reason.ON_TRACK
+            and self.deadline_left_s is not None
+            and self.kept.jct_s > self.deadline_left_s
+            else ""
+        )
         return (
-            f"{self.reason.value}: kept plan p-JCT {self.kept.jct_s:.0f} s{left}, "
+            f"{self.reason.value}{noise}: kept plan p-JCT {self.kept.jct_s:.0f} s{left}, "
             f"${self.kept.cost_mean:.2f}; chosen {self.chosen.jct_s:.0f} s, "
             f"${self.chosen.cost_mean:.2f}"
         )
@@ -289,11 +327,18 @@ class Replanner:
         spent: float,
         profile: Profile,
         holding: Mapping[int, StagePlan] | None = None,
+        optimistic: Profile | None = None,
+        pessimistic: Profile | None = None,
     ) -> Decision:
         """Keep or change ``plan`` for the work left: ``finished`` counts the trials done
         per stage ((bracket, rung); a stage not named has none), ``elapsed`` seconds and
         ``spent`` dollars into the job, timed by ``profile``. ``holding``: per bracket, the
-        stage whose nodes the chain holds now (the one running or just finished)."""
+        stage whose nodes the chain holds now (the one running or just finished).
+        ``optimistic`` and ``pessimistic``: the fastest and the slowest profile the
+        segments measured so far cannot rule out (:meth:`ProfileEstimate.profile` with
+        ``errors=-1`` and ``1``): the plan is ``late`` only if it misses the deadline under
+        the optimistic one too, and a ``cheaper`` plan must meet it under the pessimistic
+        one."""
         remaining = left_to_run(self.stages, finished)
         if not remaining:
             raise ValueError("every stage is done: nothing left to re-plan")
@@ -316,13 +361,33 @@ class Replanner:
 
         if not fresh.feasible:
             return decision(Reason.DEADLINE_AT_RISK, fresh.plan)
-        if deadline_left is not None and kept.jct_s > deadline_left:
+        if (
+            deadline_left is not None
+            and kept.jct_s > deadline_left
+            and (optimistic is None or self._late(kept_plan, optimistic, deadline_left, holding))
+        ):
             return decision(Reason.LATE, fresh.plan)
         if budget_left is not None and kept.cost_q > budget_left and chosen.cost_q < kept.cost_q:
             return decision(Reason.OVER_BUDGET, fresh.plan)
-        if chosen.cost_mean < kept.cost_mean * (1 - self.margin):
+        if chosen.cost_mean < kept.cost_mean * (1 - self.margin) and (
+            pessimistic is None
+            or deadline_left is None
+            or not self._late(fresh.plan, pessimistic, deadline_left, holding)
+        ):
             return decision(Reason.CHEAPER, fresh.plan)
         return decision(Reason.ON_TRACK, kept_plan)
+
+    def _late(
+        self,
+        plan: AllocationPlan,
+        profile: Profile,
+        deadline_left: float,
+        holding: Mapping[int, StagePlan] | None,
+    ) -> bool:
+        """Whether ``plan`` misses ``deadline_left`` at the quantile, timed by ``profile``."""
+        rubberband = self._rubberband(profile, deadline_left, holding)
+        outcome = rubberband.simulator.run(plan)
+        return _forecast(rubberband, plan, outcome).jct_s > deadline_left
 
 
 def left_to_run(stages: Sequence[Stage], finished: Mapping[tuple[int, int], int]) -> list[Stage]:
