@@ -170,11 +170,8 @@ def scenario(error: float, spread: float, worlds: int, slack: float) -> dict[str
         ) -> AllocationPlan:
             for segment in segments:
                 estimate.observe(*segment)
-            fast, slow = estimate.profile(errors=-1.0), estimate.profile(errors=1.0)
             updated = estimate.profile()
-            return replanner.decide(
-                rest, finished, elapsed, spent, updated, {0: last}, fast, slow
-            ).plan
+            return replanner.decide(rest, finished, elapsed, spent, updated, {0: last}).plan
 
         def informed(
             rest: AllocationPlan,

@@ -107,14 +107,7 @@ class InFlight:
             holding[chain[0].bracket] = begun[-1] if begun else chain[0]
         self._bill(elapsed, list(holding.values()))
         decision = self.replanner.decide(
-            self.plan,
-            finished,
-            elapsed,
-            self._spent,
-            self.estimate.profile(),
-            holding,
-            optimistic=self.estimate.profile(errors=-1.0),
-            pessimistic=self.estimate.profile(errors=1.0),
+            self.plan, finished, elapsed, self._spent, self.estimate.profile(), holding
         )
         self.decisions.append((elapsed, decision))
         story.replanned(decision)

@@ -11,8 +11,7 @@ segment's ratio is off by the straggler spread, the prior's by ``prior_error`` (
 the prior counts for ``(spread / prior_error) ** 2`` segments: little against steady
 segments, more against scattered ones. The straggler spread (``segment_cv``) is the pooled
 sd of the segments' ratios around their width's ratio, mixed with the prior's spread by
-``prior_weight`` pseudo-segments; the ratios' relative standard error (``error``) is that
-spread over the root of the segments, the prior's pseudo-segments counted.
+``prior_weight`` pseudo-segments.
 
 :class:`Replanner` decides, given the plan, the trials finished per stage, the seconds
 elapsed and the dollars spent, and the updated profile; at a barrier or inside a stage
@@ -22,18 +21,14 @@ change). It prices the plan of the remaining work with
 :class:`~planners.cost.rubberband.RubberBand` plan it afresh against what is left of the
 deadline; then, in this order:
 
-- ``late``: the kept plan misses the remaining deadline at the simulator's quantile, also
-  with every ratio one standard error faster (``optimistic``: a plan made to just meet
-  the deadline must not be rebuilt on the noise of a few stragglers), and the new plan
-  meets it: switch;
+- ``late``: the kept plan misses the remaining deadline at the simulator's quantile, and
+  the new plan meets it: switch;
 - ``deadline_at_risk``: no plan meets the remaining deadline any more: go on at the
   fastest plan (RubberBand's infeasible answer) and say so;
 - ``over_budget``: the kept plan's cost at the quantile exceeds what is left of the
   budget and the new plan (which meets the deadline) costs less: switch;
-- ``cheaper``: the new plan meets both, the deadline also with every ratio one standard
-  error slower (``pessimistic``: nor is a plan cut on the noise of a few fast segments),
-  and its mean cost is below the kept plan's by more than ``margin`` (a re-plan moves
-  nodes, so a small saving is not worth it): switch;
+- ``cheaper``: the new plan meets both and its mean cost is below the kept plan's by more
+  than ``margin`` (a re-plan moves nodes, so a small saving is not worth it): switch;
 - ``on_track``: keep the plan.
 
 The remaining stages are priced as a job of their own whose chains start holding the
@@ -165,24 +160,13 @@ class ProfileEstimate:
             return prior
         return math.sqrt((self.prior_weight * prior**2 + squares) / (self.prior_weight + dof))
 
-    def profile(self, errors: float = 0.0) -> Profile:
-        """The prior with every width's timing scaled by its ratio and the measured spread;
-        ``errors`` moves every ratio by that many standard errors (:meth:`error`): -1 is
-        the fastest the segments cannot rule out, 1 the slowest."""
-        shift = max(1.0 + errors * self.error(), 0.0)
+    def profile(self) -> Profile:
+        """The prior with every width's timing scaled by its ratio and the measured spread."""
         timings = {
-            g: Timing(t.mean * self.ratio(g) * shift, t.sd * self.ratio(g) * shift)
+            g: Timing(t.mean * self.ratio(g), t.sd * self.ratio(g))
             for g, t in self.prior.timings.items()
         }
         return dataclasses.replace(self.prior, timings=timings, segment_cv=self.spread())
-
-    def error(self) -> float:
-        """Relative standard error of the ratios (what a few stragglers can move them by):
-        the spread over the root of the segments, the prior's pseudo-segments counted."""
-        spread = self.spread()
-        if spread == 0:  # segments that do not scatter: exact once one is measured
-            return 0.0 if self.segments else self.prior_error
-        return spread / math.sqrt(self.segments + self.pseudo_segments())
 
 
 class Reason(StrEnum):
@@ -238,15 +222,8 @@ class Decision:
     def describe(self) -> str:
         """One line for a log: the reason and the two forecasts."""
         left = "" if self.deadline_left_s is None else f" of {self.deadline_left_s:.0f} s left"
-        noise = (
-            " (late within the noise of the segments measured)"
-            if self.reason is Reason.ON_TRACK
-            and self.deadline_left_s is not None
-            and self.kept.jct_s > self.deadline_left_s
-            else ""
-        )
         return (
-            f"{self.reason.value}{noise}: kept plan p-JCT {self.kept.jct_s:.0f} s{left}, "
+            f"{self.reason.value}: kept plan p-JCT {self.kept.jct_s:.0f} s{left}, "
             f"${self.kept.cost_mean:.2f}; chosen {self.chosen.jct_s:.0f} s, "
             f"${self.chosen.cost_mean:.2f}"
         )
@@ -327,18 +304,11 @@ class Replanner:
         spent: float,
         profile: Profile,
         holding: Mapping[int, StagePlan] | None = None,
-        optimistic: Profile | None = None,
-        pessimistic: Profile | None = None,
     ) -> Decision:
         """Keep or change ``plan`` for the work left: ``finished`` counts the trials done
         per stage ((bracket, rung); a stage not named has none), ``elapsed`` seconds and
         ``spent`` dollars into the job, timed by ``profile``. ``holding``: per bracket, the
-        stage whose nodes the chain holds now (the one running or just finished).
-        ``optimistic`` and ``pessimistic``: the fastest and the slowest profile the
-        segments measured so far cannot rule out (:meth:`ProfileEstimate.profile` with
-        ``errors=-1`` and ``1``): the plan is ``late`` only if it misses the deadline under
-        the optimistic one too, and a ``cheaper`` plan must meet it under the pessimistic
-        one."""
+        stage whose nodes the chain holds now (the one running or just finished)."""
         remaining = left_to_run(self.stages, finished)
         if not remaining:
             raise ValueError("every stage is done: nothing left to re-plan")
@@ -361,33 +331,13 @@ class Replanner:
 
         if not fresh.feasible:
             return decision(Reason.DEADLINE_AT_RISK, fresh.plan)
-        if (
-            deadline_left is not None
-            and kept.jct_s > deadline_left
-            and (optimistic is None or self._late(kept_plan, optimistic, deadline_left, holding))
-        ):
+        if deadline_left is not None and kept.jct_s > deadline_left:
             return decision(Reason.LATE, fresh.plan)
         if budget_left is not None and kept.cost_q > budget_left and chosen.cost_q < kept.cost_q:
             return decision(Reason.OVER_BUDGET, fresh.plan)
-        if chosen.cost_mean < kept.cost_mean * (1 - self.margin) and (
-            pessimistic is None
-            or deadline_left is None
-            or not self._late(fresh.plan, pessimistic, deadline_left, holding)
-        ):
+        if chosen.cost_mean < kept.cost_mean * (1 - self.margin):
             return decision(Reason.CHEAPER, fresh.plan)
         return decision(Reason.ON_TRACK, kept_plan)
-
-    def _late(
-        self,
-        plan: AllocationPlan,
-        profile: Profile,
-        deadline_left: float,
-        holding: Mapping[int, StagePlan] | None,
-    ) -> bool:
-        """Whether ``plan`` misses ``deadline_left`` at the quantile, timed by ``profile``."""
-        rubberband = self._rubberband(profile, deadline_left, holding)
-        outcome = rubberband.simulator.run(plan)
-        return _forecast(rubberband, plan, outcome).jct_s > deadline_left
 
 
 def left_to_run(stages: Sequence[Stage], finished: Mapping[tuple[int, int], int]) -> list[Stage]:
