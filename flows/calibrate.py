@@ -16,11 +16,11 @@ units (dispatch, MLflow, the model built, checkpoint I/O, warm-up: ``overhead_s`
 :func:`runs` picks three ``(n, k)``, with ``r = k`` first resource levels: 1 and 4 waves of
 one level, and 4 waves of ``k`` levels, ``k`` large enough that the longer units add
 :data:`UNITS_S` seconds per segment over the short ones (on this machine's timing noise,
-a difference of a fraction of a second measures nothing). Each runs :data:`REPEATS` times:
-:func:`solve` recovers ``F``, ``o`` and ``t`` from the means, and the walls' spread around
-their own job's mean is the run-to-run spread of a job (``job_overhead_sd``: the server's
-start, imports and dispatch jitter), which puts the forecast's p95 above its p50 even for a
-trainable whose units never vary.
+a difference of a fraction of a second measures nothing), up to :data:`MAX_LEVELS`. Each
+runs :data:`REPEATS` times: :func:`solve` recovers ``F``, ``o`` and ``t`` from the means,
+and the walls' spread around their own job's mean is the run-to-run spread of a job
+(``job_overhead_sd``: the server's start, imports and dispatch jitter), which puts the
+forecast's p95 above its p50 even for a trainable whose units never vary.
 
 Example (walls of F = 3, o = 0.5, t = 0.2 at a first level of 1 unit):
     >>> solve({(1, 1): [3.7], (4, 1): [5.8], (4, 3): [7.4]}, 1.0, 0.3)
@@ -46,6 +46,7 @@ from planners.spec import JobSpec, SpecError
 
 REPEATS = 2  # runs of each calibration job: their spread is a job's run-to-run spread
 UNITS_S = 1.25  # seconds the longer units add to a segment, by the in-process timing
+MAX_LEVELS = 50  # units of a millisecond need no more: their time is lost in the overhead
 
 
 def first_level(spec: JobSpec) -> float:
@@ -97,7 +98,7 @@ def run_elsewhere(job: JobSpec, folder: Path) -> float:
 def runs(level: float, alone: float) -> tuple[tuple[int, int], ...]:
     """(waves, resource in first levels) of the three calibration jobs, given the first
     level's units and a unit's seconds timed in-process (``alone``)."""
-    longer = max(3, 1 + math.ceil(UNITS_S / (level * alone)))
+    longer = min(max(3, 1 + math.ceil(UNITS_S / (level * alone))), MAX_LEVELS)
     return ((1, 1), (4, 1), (4, longer))
 
 

@@ -117,6 +117,7 @@ def test_held_forecast_measures_stages_from_their_brackets_previous_end() -> Non
         ({"compute": {"price_per_hour": -1}}, "compute.price_per_hour"),
         ({"compute": {"instance_types": ["local", "g5.xlarge"]}}, "compute.instance_types"),
         ({"profile": {"seconds_per_unit": {1: 1.0}, "job_overhead_s": -2}}, "job_overhead_s"),
+        ({"profile": {"seconds_per_unit": {1: 1.0}, "job_overhead_sd": -1}}, "job_overhead_sd"),
         ({"compute": {"spot": True}}, "compute.spot"),
         (
             {"scheduler": {"name": "hyperband", "eta": 3, "max_resource": 9}},
@@ -208,9 +209,10 @@ def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
 
 
 def test_calibration_lengthens_short_units_past_the_timing_noise() -> None:
-    from flows.calibrate import UNITS_S, runs
+    from flows.calibrate import MAX_LEVELS, UNITS_S, runs
 
     assert runs(1.0, 60.0) == ((1, 1), (4, 1), (4, 3))  # long units: three levels are plenty
+    assert runs(1.0, 1e-4)[-1] == (4, MAX_LEVELS)  # units of no measurable time: capped
     (_, _), (_, _), (waves, levels) = runs(2.0, 0.04)
     assert waves == 4 and (levels - 1) * 2.0 * 0.04 >= UNITS_S > (levels - 2) * 2.0 * 0.04
 
