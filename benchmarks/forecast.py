@@ -9,7 +9,7 @@ with Hyperband, and the LCBench replay trainable (:func:`lcbench_slow`) with 0.2
 epochs. Goal: every job within 10% of its p50, none above its p95. Writes
 benchmarks/results/forecast.json.
 
-    python benchmarks/forecast.py            # the four jobs, about a minute each
+    python benchmarks/forecast.py            # the four jobs, about 4 minutes each
     python benchmarks/forecast.py --quick    # two small jobs, to check that it works
 """
 

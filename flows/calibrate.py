@@ -17,8 +17,9 @@ units (dispatch, MLflow, the model built, checkpoint I/O, warm-up: ``overhead_s`
 one level, and 4 waves of ``k`` levels, ``k`` large enough that the longer units add
 :data:`UNITS_S` seconds per segment over the short ones (on this machine's timing noise,
 a difference of a fraction of a second measures nothing), up to :data:`MAX_LEVELS`. Each
-runs :data:`REPEATS` times: :func:`solve` recovers ``F``, ``o`` and ``t`` from the means,
-and the walls' spread around their own job's mean is the run-to-run spread of a job
+runs :data:`REPEATS` times: :func:`solve` recovers ``F``, ``o`` and ``t`` from the medians
+(one run the machine slowed moves nothing: two runs of one job differed by up to 28%), and
+the walls' spread around their own job's mean is the run-to-run spread of a job
 (``job_overhead_sd``: the server's start, imports and dispatch jitter), which puts the
 forecast's p95 above its p50 even for a trainable whose units never vary.
 
@@ -44,7 +45,7 @@ import yaml
 
 from planners.spec import JobSpec, SpecError
 
-REPEATS = 2  # runs of each calibration job: their spread is a job's run-to-run spread
+REPEATS = 3  # runs of each calibration job: a median, and a job's run-to-run spread
 UNITS_S = 1.25  # seconds the longer units add to a segment, by the in-process timing
 MAX_LEVELS = 50  # units of a millisecond need no more: their time is lost in the overhead
 
@@ -106,10 +107,10 @@ def solve(
     walls: dict[tuple[int, int], list[float]], level: float, fallback_t: float
 ) -> dict[str, float]:
     """``t``, ``o``, ``F`` and the run-to-run spread from the calibration jobs' wall seconds,
-    keyed as :func:`runs` gives them (see the module docstring). Where noise makes ``t``
-    come out non-positive, ``fallback_t``, the in-process timing, is used."""
+    keyed as :func:`runs` gives them, from their medians (see the module docstring). Where
+    noise makes ``t`` come out non-positive, ``fallback_t``, the in-process timing, is used."""
     ((n1, k1), first), ((n2, _), second), ((n3, k3), third) = (
-        (key, statistics.fmean(values)) for key, values in walls.items()
+        (key, statistics.median(values)) for key, values in walls.items()
     )
     wave = (second - first) / (n2 - n1)  # o + k1 * level * t
     job = first - n1 * wave

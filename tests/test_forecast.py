@@ -203,6 +203,13 @@ def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
         "job_overhead_s": 2.0,
         "job_overhead_sd": round((6 * 0.05**2 / 3) ** 0.5, 4),
     }
+    exact = {(1, 1): 2 + 1.25, (4, 1): 2 + 4 * 1.25, (4, 3): 2 + 4 * 3.25}
+    slowed = {key: [wall, wall * 1.3, wall] for key, wall in exact.items()}
+    assert {k: v for k, v in solve(slowed, 2.0, 9.9).items() if k != "job_overhead_sd"} == {
+        "seconds_per_unit": 0.5,  # one run in three 30% slower: the medians do not move
+        "overhead_s": 0.25,
+        "job_overhead_s": 2.0,
+    }
     noisy = {(1, 1): [3.0], (4, 1): [6.0], (4, 3): [5.9]}  # longer units ran faster: noise
     assert solve(noisy, 1.0, 0.1)["seconds_per_unit"] == 0.1
     assert solve(noisy, 1.0, 0.1)["job_overhead_sd"] == 0.0  # one run each: no spread known
