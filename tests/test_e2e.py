@@ -179,7 +179,13 @@ def test_cli_process_prints_only_json_on_stdout(tmp_path, stores) -> None:
     assert summary["model"]["version"] == "1" and summary["model"]["previous"] is None
 
 
-def test_profile_measures_seconds_per_unit_and_feeds_the_planner(tmp_path, capsys) -> None:
+def test_profile_measures_seconds_per_unit_and_feeds_the_planner(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    # The loop end to end, once: repeats and lengths are tests/test_forecast.py's (this
+    # trainable's instant units would ask for 3 x 3 jobs of 50 levels, 2.5 minutes).
+    monkeypatch.setattr("flows.calibrate.REPEATS", 1)
+    monkeypatch.setattr("flows.calibrate.MAX_LEVELS", 3)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(JOB))
     out = tmp_path / "profile.yaml"
