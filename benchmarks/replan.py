@@ -53,6 +53,7 @@ PRIOR_CV = 0.1
 ERRORS = (0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0)  # truth over profile
 SPREADS = (0.05, 0.2, 0.4)  # the truth's straggler spread
 SAMPLES = 100
+SegmentTime = tuple[float, float, float]  # (GPUs, resource, seconds) of one segment
 
 
 def profile(error: float, spread: float) -> Profile:
@@ -67,7 +68,7 @@ def fastest_p95(catalog: Catalog, profile: Profile) -> float:
     return smallest
 
 
-def segment_times(world: PlanSimulator, stage: StagePlan) -> list[tuple[float, float, float]]:
+def segment_times(world: PlanSimulator, stage: StagePlan) -> list[SegmentTime]:
     """(GPUs, resource, seconds) of every segment of ``stage`` in ``world``: the durations
     its simulator drew for the stage (same key, same normal draws)."""
     z = world.draws.normals(stage.bracket, stage.rung, DURATION, stage.trials)[0]
@@ -142,6 +143,37 @@ def _rest(remaining: AllocationPlan, piece: StagePlan) -> AllocationPlan | None:
     return AllocationPlan((rest,)) if rest else None
 
 
+def deciding(
+    replanner: Replanner, timed: Callable[[list[SegmentTime]], Profile]
+) -> Callable[..., AllocationPlan]:
+    """The decision :func:`play` asks for at each moment: ``replanner``'s, with the profile
+    ``timed`` gives once it has the segments measured since the last decision."""
+
+    def decide(
+        rest: AllocationPlan,
+        finished: dict[tuple[int, int], int],
+        elapsed: float,
+        spent: float,
+        last: StagePlan,
+        segments: list[SegmentTime],
+    ) -> AllocationPlan:
+        profile = timed(segments)
+        return replanner.decide(rest, finished, elapsed, spent, profile, {0: last}).plan
+
+    return decide
+
+
+def learnt(estimate: ProfileEstimate) -> Callable[[list[SegmentTime]], Profile]:
+    """The profile the job learns from its own segments, as the flow's re-planner does."""
+
+    def timed(segments: list[SegmentTime]) -> Profile:
+        for segment in segments:
+            estimate.observe(*segment)
+        return estimate.profile()
+
+    return timed
+
+
 def scenario(error: float, spread: float, worlds: int, slack: float) -> dict[str, Any]:
     catalog = read_catalog()
     prior, truth = profile(1.0, PRIOR_CV), profile(error, spread)
@@ -157,34 +189,10 @@ def scenario(error: float, spread: float, worlds: int, slack: float) -> dict[str
     }
     started = time.perf_counter()
     for seed in range(worlds):
-        estimate = ProfileEstimate(prior)
-
-        def decide(
-            rest: AllocationPlan,
-            finished: dict[tuple[int, int], int],
-            elapsed: float,
-            spent: float,
-            last: StagePlan,
-            segments: list[tuple[float, float, float]],
-            estimate: ProfileEstimate = estimate,
-        ) -> AllocationPlan:
-            for segment in segments:
-                estimate.observe(*segment)
-            updated = estimate.profile()
-            return replanner.decide(rest, finished, elapsed, spent, updated, {0: last}).plan
-
-        def informed(
-            rest: AllocationPlan,
-            finished: dict[tuple[int, int], int],
-            elapsed: float,
-            spent: float,
-            last: StagePlan,
-            segments: list[tuple[float, float, float]],
-        ) -> AllocationPlan:
-            return replanner.decide(rest, finished, elapsed, spent, truth, {0: last}).plan
-
+        replanned = deciding(replanner, learnt(ProfileEstimate(prior)))
+        informed = deciding(replanner, lambda segments: truth)
         rows["static"].append(play(truths.world(1000 + seed), static))
-        rows["replanned"].append(play(truths.world(1000 + seed), static, decide))
+        rows["replanned"].append(play(truths.world(1000 + seed), static, replanned))
         rows["informed"].append(play(truths.world(1000 + seed), static, informed))
         rows["oracle"].append(play(truths.world(1000 + seed), oracle))
     seconds = time.perf_counter() - started
