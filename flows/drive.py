@@ -149,6 +149,7 @@ def run_segments(
             start(job, launcher, segment)
         if flight is not None:
             flight.started(starting)
+        job.flush()  # the last result's writes, now that the workers it freed are busy
         if not launcher.running:
             return
         segment, report = launcher.next_report()

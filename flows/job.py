@@ -70,6 +70,7 @@ class Job:
         self.loop = TuningLoop(self.spec, study, journal=self.journal)
         self.ref = JobRef.of(self.spec, job_id, runs.tracker.uri)
         self.tally = Tally()
+        self._untracked: list[Decision] = []  # decided, not yet on the trials' runs
 
     @property
     def spec(self) -> JobSpec:
@@ -136,7 +137,8 @@ class Job:
         return run_id
 
     def record(self, segment: Segment, report: SegmentReport) -> list[Decision]:
-        """A segment's result: journaled, told to the scheduler, tallied and tracked."""
+        """A segment's result: journaled, decided by the scheduler and tallied. Optuna and
+        the trials' MLflow runs learn of it at :meth:`flush`."""
         if self.spec.metric in report.metrics_seen:
             self.tally.metric_seen = True
         elif report.error is None and not self.tally.metric_seen:
@@ -151,14 +153,19 @@ class Job:
             "rung": segment.rung,
             "bracket": segment.bracket,
         }
-        decisions = self.loop.record(report.result, note)
-        self._account(segment.trial, note, decisions)
+        decisions = self.loop.decide(report.result, note)
+        self.tally.count(segment.trial, note, self.spec.metric)
+        self._untracked += decisions
         return decisions
 
-    def _account(self, trial: int, note: dict[str, Any], decisions: list[Decision]) -> None:
-        self.tally.count(trial, note, self.spec.metric)
-        for decision in decisions:
+    def flush(self) -> None:
+        """Write what :meth:`record` left to Optuna and to the trials' runs. The driver
+        calls it once the segments a result freed have started: the writes (a transaction
+        per reported epoch, a run's tags) then overlap training instead of delaying it."""
+        self.loop.tell_optuna()
+        for decision in self._untracked:
             self.runs.track(decision, self.tally.errors.get(decision.trial))
+        self._untracked.clear()
 
     def stage_done(self, segment: Segment, decisions: list[Decision]) -> bool:
         """Time for a leaderboard: a stage finished, or (asynchronous schedulers, which have

@@ -95,6 +95,7 @@ class TuningLoop:
         self._reported: dict[int, set[int]] = {}
         self._finished: set[int] = set()
         self._in_flight: dict[int, Segment] = {}  # a trial runs one segment at a time
+        self._untold: list[tuple[Result, list[Decision]]] = []  # decided, not yet in the study
         self._seeded_for: int | None = None  # the trial id the study's sampler is seeded for
         self._stored: dict[int, optuna.trial.FrozenTrial] = {}
         # Asked but never tagged with a trial id: a driver died between the two writes.
@@ -174,16 +175,48 @@ class TuningLoop:
 
         ``note`` is journaled with the result, for the executor's own replay needs.
         """
-        decisions = self._apply(result)
+        decisions = self.decide(result, note)
+        self.tell_optuna()
+        return decisions
+
+    def decide(self, result: Result, note: dict[str, Any] | None = None) -> list[Decision]:
+        """:meth:`record` without Optuna's writes, which wait for :meth:`tell_optuna`: the
+        Prefect flow starts the segments the decisions free before it writes them, so that
+        no worker waits on the study's transactions (one per reported epoch). Until then
+        the study lacks this result, and a new trial is sampled without it; a driver that
+        dies in between loses nothing, the journal has the result and replay tells Optuna.
+        """
+        result, decisions = self._decide(result)
+        self._untold.append((result, decisions))
         if self.journal is not None:
             self.journal.append({"result": asdict(result), "note": note})
         return decisions
 
+    def tell_optuna(self) -> None:
+        """Write to the study what :meth:`decide` left: intermediate values and trial ends."""
+        for result, decisions in self._untold:
+            self._inform(result, decisions)
+        self._untold.clear()
+
     def _apply(self, result: Result) -> list[Decision]:
+        result, decisions = self._decide(result)
+        self._inform(result, decisions)
+        return decisions
+
+    def _decide(self, result: Result) -> tuple[Result, list[Decision]]:
         self.running -= 1
         self._in_flight.pop(result.trial, None)  # O(1): 500 workers x 100,000 trials
         if not result.failed and not math.isfinite(result.loss):
             result = Result(result.trial, result.resource, result.loss, True, result.history)
+        if not result.failed:
+            self.reached[result.trial] = (result.resource, result.loss)
+        decisions = self.scheduler.on_result(result)
+        self.states.update((decision.trial, decision.action) for decision in decisions)
+        return result, decisions
+
+    def _inform(self, result: Result, decisions: list[Decision]) -> None:
+        """Report a result's intermediate values to its Optuna trial, then the trials the
+        decisions ended."""
         if result.trial not in self._finished:
             trial, done = self._trials[result.trial], self._reported.setdefault(result.trial, set())
             for resource, loss in (*result.history, (result.resource, result.loss)):
@@ -191,11 +224,7 @@ class TuningLoop:
                 if math.isfinite(loss) and step not in done:
                     done.add(step)
                     trial.report(self.spec.loss(loss), step)
-        if not result.failed:
-            self.reached[result.trial] = (result.resource, result.loss)
-        decisions = self.scheduler.on_result(result)
-        self._settle(decisions)
-        return decisions
+        self._tell_ends(decisions)
 
     def replay(
         self, records: list[dict[str, Any]], handed_out: list[dict[str, Any]] | None = None
@@ -229,6 +258,7 @@ class TuningLoop:
 
     def finish(self) -> list[Decision]:
         """The job is over: stop whatever still waits, and close every Optuna trial."""
+        self.tell_optuna()  # a trial's values before its end
         decisions = self.scheduler.finish()
         settled = {d.trial for d in decisions}  # built once: O(n) at 100,000 trials, not O(n^2)
         leftover = [
@@ -243,8 +273,11 @@ class TuningLoop:
     # --- bookkeeping ---------------------------------------------------------------------
 
     def _settle(self, decisions: list[Decision]) -> None:
+        self.states.update((decision.trial, decision.action) for decision in decisions)
+        self._tell_ends(decisions)
+
+    def _tell_ends(self, decisions: list[Decision]) -> None:
         for decision in decisions:
-            self.states[decision.trial] = decision.action
             if decision.action is Action.COMPLETE:
                 value = self.spec.loss(self.reached[decision.trial][1])
                 self._tell(decision.trial, TrialState.COMPLETE, value)
