@@ -87,3 +87,32 @@ def test_segments_handed_out_after_the_last_result_are_in_flight_after_replay() 
     records = StudyJournal(study).records()
     assert [r["handed_out"] for r in records] == [[asdict(first)], [asdict(s) for s in running]]
     assert StudyJournal(study).handed_out() == []
+
+
+@pytest.mark.parametrize("driver", ["lives", "dies"])
+def test_decide_leaves_optuna_for_later_and_replay_writes_what_a_dead_driver_left(
+    driver: str,
+) -> None:
+    """The driver starts the next segments between decide and tell_optuna; if it dies
+    there, the journal holds the results and replay writes Optuna's part."""
+    spec = parse_job({**JOB, "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 3}})
+    study = optuna.create_study(direction="maximize")
+    loop = TuningLoop(spec, study, journal=StudyJournal(study))
+    segments = []
+    while (segment := loop.next_segment()) is not None:
+        segments.append(segment)
+    for s in segments:  # the barrier's last result promotes one trial and stops the others
+        loop.decide(Result(s.trial, s.stop, -(s.trial + 1) / 4))
+    assert all(not t.intermediate_values for t in study.trials)  # nothing written yet
+    assert all(t.state is TrialState.RUNNING for t in study.trials)
+
+    if driver == "lives":
+        loop.tell_optuna()
+    else:
+        journal = StudyJournal(study)
+        resumed = TuningLoop(spec, study, journal=StudyJournal(study))
+        list(resumed.replay(journal.records(), journal.handed_out()))
+
+    expected = [(TrialState.PRUNED, {1: (s.trial + 1) / 4}) for s in segments]
+    expected[-1] = (TrialState.RUNNING, expected[-1][1])  # the best goes on to rung 3
+    assert [(t.state, t.intermediate_values) for t in study.trials] == expected
