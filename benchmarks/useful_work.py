@@ -248,7 +248,8 @@ class Watch:
             frontier = {pid for pid, (parent, _) in table.items() if parent in frontier} - tree
         for pid in tree & table.keys():
             self.cpu[pid] = table[pid][1]
-            if pid not in self.labels:
+            # Seen between fork and exec, a child still shows its parent's command line.
+            if self.labels.get(pid, "other") == "other":
                 self.labels[pid] = label(pid, self.root)
 
     def by_label(self) -> dict[str, float]:
