@@ -70,7 +70,6 @@ class Job:
         self.loop = TuningLoop(self.spec, study, journal=self.journal)
         self.ref = JobRef.of(self.spec, job_id, runs.tracker.uri)
         self.tally = Tally()
-        self._untracked: list[Decision] = []  # decided, not yet on the trials' runs
 
     @property
     def spec(self) -> JobSpec:
@@ -155,17 +154,14 @@ class Job:
         }
         decisions = self.loop.decide(report.result, note)
         self.tally.count(segment.trial, note, self.spec.metric)
-        self._untracked += decisions
         return decisions
 
     def flush(self) -> None:
         """Write what :meth:`record` left to Optuna and to the trials' runs. The driver
         calls it once the segments a result freed have started: the writes (a transaction
         per reported epoch, a run's tags) then overlap training instead of delaying it."""
-        self.loop.tell_optuna()
-        for decision in self._untracked:
+        for decision in self.loop.tell_optuna():
             self.runs.track(decision, self.tally.errors.get(decision.trial))
-        self._untracked.clear()
 
     def stage_done(self, segment: Segment, decisions: list[Decision]) -> bool:
         """Time for a leaderboard: a stage finished, or (asynchronous schedulers, which have

@@ -192,11 +192,15 @@ class TuningLoop:
             self.journal.append({"result": asdict(result), "note": note})
         return decisions
 
-    def tell_optuna(self) -> None:
-        """Write to the study what :meth:`decide` left: intermediate values and trial ends."""
+    def tell_optuna(self) -> list[Decision]:
+        """Write to the study what :meth:`decide` left: intermediate values and trial ends.
+        Returns the decisions it wrote, for the executor's own records."""
+        told = []
         for result, decisions in self._untold:
             self._inform(result, decisions)
+            told += decisions
         self._untold.clear()
+        return told
 
     def _apply(self, result: Result) -> list[Decision]:
         result, decisions = self._decide(result)
