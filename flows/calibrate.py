@@ -7,27 +7,35 @@ as ``elastune run`` in a fresh process, so that each pays the cold start a real 
 (imports, the first model and data, the first dispatch): the job cut down to one SHA rung
 of ``r`` resource units, ``n x compute.workers`` trials of the random sampler (``n`` waves
 of segments, every slot busy, torch's threads shared as in a run), not planned, its stores
-in a throwaway folder. Their wall seconds follow ``W(n, r) = F + n * (o + r * t)``, where
-``F`` is what the job spends outside its segments (runs and study created, best model
+in a throwaway folder. Their wall seconds follow ``W(n, r) = F + n * (o + c + r * t)``,
+where ``F`` is what the job spends outside its segments (runs and study created, best model
 registered: the profile's ``job_overhead_s``), ``o`` what a segment spends outside its
-units (dispatch, MLflow, the model built, checkpoint I/O, warm-up: ``overhead_s``) and
-``t`` a slot's seconds per unit (``seconds_per_unit: {1: t}``).
+units (dispatch, MLflow, the model built, checkpoint I/O, warm-up: ``overhead_s``), ``c``
+what a trial's first segment adds to it (the sampler's proposal, the trial's MLflow run:
+``trial_overhead_s``) and ``t`` a slot's seconds per unit (``seconds_per_unit: {1: t}``).
+A fourth job adds a second rung (SHA at eta 2): ``m`` waves of resumed segments of ``r``
+more units, ``W = W(n, r) + m * (o + r * t)``, which tells ``o`` from ``c``.
 
-:func:`runs` picks three ``(n, k)``, with ``r = k`` first resource levels: 1 and 4 waves of
-one level, and 4 waves of ``k`` levels, ``k`` large enough that the longer units add
+:func:`runs` picks the four jobs (:class:`Run`), with ``r = k`` first resource levels: 1 and
+4 waves of one level, 4 waves of ``k`` levels, ``k`` large enough that the longer units add
 :data:`UNITS_S` seconds per segment over the short ones (on this machine's timing noise,
-a difference of a fraction of a second measures nothing), up to :data:`MAX_LEVELS`. Each
-runs :data:`REPEATS` times: :func:`solve` recovers ``F``, ``o`` and ``t`` from the medians
-(one run the machine slowed moves nothing: two runs of one job differed by up to 28%), and
-the walls' spread around their own job's mean is the run-to-run spread of a job
-(``job_overhead_sd``: the server's start, imports and dispatch jitter), which puts the
-forecast's p95 above its p50 even for a trainable whose units never vary.
+a difference of a fraction of a second measures nothing), up to :data:`MAX_LEVELS`, and 4
+waves of one level with 2 waves resumed. Each runs :data:`REPEATS` times: :func:`solve`
+recovers ``F``, ``o``, ``c`` and ``t`` from the medians (one run the machine slowed moves
+nothing: two runs of one job differed by up to 28%), and the walls' spread around their
+own job's mean is the run-to-run spread of a job (``job_overhead_sd``: the server's start,
+imports and dispatch jitter), which puts the forecast's p95 above its p50 even for a
+trainable whose units never vary.
 
-Example (walls of F = 3, o = 0.5, t = 0.2 at a first level of 1 unit):
-    >>> solve({(1, 1): [3.7], (4, 1): [5.8], (4, 3): [7.4]}, 1.0, 0.3)
-    {'seconds_per_unit': 0.2, 'overhead_s': 0.5, 'job_overhead_s': 3.0, 'job_overhead_sd': 0.0}
-    >>> runs(1.0, 0.05)  # 1.25 s more per segment takes 26 levels of 0.05 s
-    ((1, 1), (4, 1), (4, 26))
+Example (walls of F = 3, o = 0.4, c = 0.1, t = 0.2 at a first level of 1 unit):
+    >>> walls = {Run(1, 1): [3.7], Run(4, 1): [5.8], Run(4, 3): [7.4], Run(4, 1, 2): [7.0]}
+    >>> solve(walls, 1.0, 0.3)  # doctest: +NORMALIZE_WHITESPACE
+    {'seconds_per_unit': 0.2, 'overhead_s': 0.4, 'trial_overhead_s': 0.1,
+     'job_overhead_s': 3.0, 'job_overhead_sd': 0.0}
+    >>> runs(1.0, 0.05)[2].label  # 1.25 s more per segment takes 26 levels of 0.05 s
+    '4 waves x 26 levels'
+    >>> runs(1.0, 0.05)[3].label
+    '4 waves x 1 levels + 2 resumed'
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -55,18 +63,34 @@ def first_level(spec: JobSpec) -> float:
     return float(getattr(spec.scheduler, "min_resource", 1.0))
 
 
-def calibration_job(spec: JobSpec, waves: int, resource: float, folder: Path) -> JobSpec:
-    """``spec`` cut down to ``waves`` waves of segments of ``resource`` units, stored under
-    ``folder``."""
+class Run(NamedTuple):
+    """A calibration job: ``waves`` waves of new trials training ``levels`` first levels,
+    then ``resumed`` waves of half of them (SHA at eta 2) training as many more."""
+
+    waves: int
+    levels: int
+    resumed: int = 0
+
+    @property
+    def label(self) -> str:
+        label = f"{self.waves} waves x {self.levels} levels"
+        return label + (f" + {self.resumed} resumed" if self.resumed else "")
+
+
+def calibration_job(spec: JobSpec, run: Run, level: float, folder: Path) -> JobSpec:
+    """``spec`` cut down to calibration job ``run`` at a first level of ``level`` units,
+    stored under ``folder``."""
+    resource = run.levels * level
     data = spec.model_dump()
     data.update(
         name=f"{spec.name}-calibration",
         sampler={"name": "random", "seed": 0},
         scheduler={
             "name": "sha",
+            "eta": 2,
             "min_resource": resource,
-            "max_resource": resource,
-            "max_trials": waves * spec.compute.workers,
+            "max_resource": resource * (2 if run.resumed else 1),
+            "max_trials": run.waves * spec.compute.workers,
         },
         budget={},
         profile=None,
@@ -96,32 +120,35 @@ def run_elsewhere(job: JobSpec, folder: Path) -> float:
     return float(json.loads(done.stdout)["wall_seconds"])
 
 
-def runs(level: float, alone: float) -> tuple[tuple[int, int], ...]:
-    """(waves, resource in first levels) of the three calibration jobs, given the first
-    level's units and a unit's seconds timed in-process (``alone``)."""
+def runs(level: float, alone: float) -> tuple[Run, ...]:
+    """The four calibration jobs, given the first level's units and a unit's seconds timed
+    in-process (``alone``)."""
     longer = min(max(3, 1 + math.ceil(UNITS_S / (level * alone))), MAX_LEVELS)
-    return ((1, 1), (4, 1), (4, longer))
+    return (Run(1, 1), Run(4, 1), Run(4, longer), Run(4, 1, 2))
 
 
-def solve(
-    walls: dict[tuple[int, int], list[float]], level: float, fallback_t: float
-) -> dict[str, float]:
-    """``t``, ``o``, ``F`` and the run-to-run spread from the calibration jobs' wall seconds,
-    keyed as :func:`runs` gives them, from their medians (see the module docstring). Where
-    noise makes ``t`` come out non-positive, ``fallback_t``, the in-process timing, is used."""
-    ((n1, k1), first), ((n2, _), second), ((n3, k3), third) = (
-        (key, statistics.median(values)) for key, values in walls.items()
+def solve(walls: dict[Run, list[float]], level: float, fallback_t: float) -> dict[str, float]:
+    """``t``, ``o``, ``c``, ``F`` and the run-to-run spread from the calibration jobs' wall
+    seconds, keyed as :func:`runs` gives them, from their medians (see the module
+    docstring). Where noise makes ``t`` come out non-positive, ``fallback_t``, the
+    in-process timing, is used."""
+    (one, first), (four, second), (long, third), (resumed, fourth) = (
+        (run, statistics.median(values)) for run, values in walls.items()
     )
-    wave = (second - first) / (n2 - n1)  # o + k1 * level * t
-    job = first - n1 * wave
-    longer = (third - job) / n3  # o + k3 * level * t
-    t = (longer - wave) / ((k3 - k1) * level)
+    wave = (second - first) / (four.waves - one.waves)  # o + c + k1 * level * t
+    job = first - one.waves * wave
+    longer = (third - job) / long.waves  # o + c + k3 * level * t
+    t = (longer - wave) / ((long.levels - one.levels) * level)
     t = t if t > 0 else fallback_t
+    # o + k4 * level * t, from the resumed waves that follow the new ones
+    again = (fourth - job - resumed.waves * wave) / resumed.resumed
+    overhead = max(0.0, again - resumed.levels * level * t)
     squares = sum((w - statistics.fmean(ws)) ** 2 for ws in walls.values() for w in ws)
     dof = sum(len(ws) - 1 for ws in walls.values())
     return {
         "seconds_per_unit": round(t, 6),
-        "overhead_s": round(max(0.0, wave - k1 * level * t), 4),
+        "overhead_s": round(overhead, 4),
+        "trial_overhead_s": round(max(0.0, wave - one.levels * level * t - overhead), 4),
         "job_overhead_s": round(max(0.0, job), 4),
         "job_overhead_sd": round(math.sqrt(squares / dof), 4) if dof else 0.0,
     }
@@ -137,16 +164,16 @@ def calibrate(
     wall seconds."""
     level = first_level(spec)
     alone = profile["seconds_per_unit"][1]
-    walls: dict[tuple[int, int], list[float]] = {}
+    walls: dict[Run, list[float]] = {}
     for _ in range(REPEATS):  # interleaved, so a slow minute of the machine hits every job
-        for waves, levels in runs(level, alone):
+        for run in runs(level, alone):
             with tempfile.TemporaryDirectory() as folder:
-                job = calibration_job(spec, waves, levels * level, Path(folder))
-                walls.setdefault((waves, levels), []).append(run_elsewhere(job, Path(folder)))
+                job = calibration_job(spec, run, level, Path(folder))
+                walls.setdefault(run, []).append(run_elsewhere(job, Path(folder)))
     solved = solve(walls, level, alone)
     scale = solved.pop("seconds_per_unit") / alone
     out = {**profile, **solved}
     for key in ("seconds_per_unit", "sd_per_unit"):
         if key in profile:
             out[key] = {g: value * scale for g, value in profile[key].items()}
-    return out, {f"{n} waves x {k} levels": w for (n, k), w in walls.items()}
+    return out, {run.label: w for run, w in walls.items()}

@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument(
         "--no-calibrate",
         action="store_true",
-        help="skip the three small jobs that time a slot and the overheads in real runs",
+        help="skip the four small jobs that time a slot and the overheads in real runs",
     )
 
     again = commands.add_parser("resume", help="continue a job whose driver died")

@@ -83,7 +83,8 @@ class InFlight:
         began = self._started.pop((segment.trial, segment.start), None)
         if began is not None:
             seconds = time.monotonic() - began
-            self.estimate.observe(segment.gpus, segment.stop - segment.start, seconds)
+            resource = segment.stop - segment.start
+            self.estimate.observe(segment.gpus, resource, seconds, first=segment.start == 0)
         stage = self.job.execution.stage(segment)
         assert stage is not None  # a planned job is staged
         done = self.job.tally.stage_results.get((segment.bracket, segment.rung), 0)

@@ -183,7 +183,7 @@ def test_profile_measures_seconds_per_unit_and_feeds_the_planner(
     tmp_path, capsys, monkeypatch
 ) -> None:
     # The loop end to end, once: repeats and lengths are tests/test_forecast.py's (this
-    # trainable's instant units would ask for 3 x 3 jobs of 50 levels, 2.5 minutes).
+    # trainable's instant units would ask for 3 x 4 jobs, one of 50 levels, 3 minutes).
     monkeypatch.setattr("flows.calibrate.REPEATS", 1)
     monkeypatch.setattr("flows.calibrate.MAX_LEVELS", 3)
     path = tmp_path / "job.yaml"
@@ -192,6 +192,8 @@ def test_profile_measures_seconds_per_unit_and_feeds_the_planner(
     assert main(["profile", str(path), "--json", "--out", str(out)]) == 0
     measured = json.loads(capsys.readouterr().out)
     assert measured["profile"]["seconds_per_unit"]["1"] > 0
+    assert {"overhead_s", "trial_overhead_s", "job_overhead_s"} <= set(measured["profile"])
+    assert len(measured["calibration_walls_s"]) == 4  # the fourth resumes trials
     # The written section is a valid profile: the job plans with it.
     job = {**JOB, **yaml.safe_load(out.read_text()), "budget": {"deadline": "1h"}}
     path.write_text(yaml.safe_dump(job))

@@ -17,6 +17,7 @@ from flows.forecast import HeldForecast
 from planners.cost import plan_job
 from planners.cost.local import LOCAL
 from planners.spec import SpecError, parse_job
+from planners.staging.plan import compile_plan
 from tests.test_bad_input import assert_rejected
 
 JOB = {
@@ -173,55 +174,72 @@ def test_a_planned_local_run_records_forecast_and_measurement(tmp_path: Path, st
 # --- calibration (elastune profile's second half) --------------------------------------------
 
 
-def test_calibration_jobs_are_one_rung_of_full_waves(tmp_path: Path) -> None:
-    from flows.calibrate import calibration_job
+def test_calibration_jobs_are_full_waves_of_one_rung_or_two(tmp_path: Path) -> None:
+    from flows.calibrate import Run, calibration_job
 
     spec = parse_job(job(compute={"workers": 3}))
-    small = calibration_job(spec, 4, 3.0, tmp_path)
-    assert (small.scheduler.name, small.scheduler.min_resource, small.scheduler.max_resource) == (
-        "sha",
-        3.0,
-        3.0,
-    )
-    assert small.scheduler.max_trials == 12 and small.profile is None
+    small = calibration_job(spec, Run(4, 1), 3.0, tmp_path)
+    scheduler = small.scheduler
+    assert (scheduler.name, scheduler.min_resource, scheduler.max_resource) == ("sha", 3.0, 3.0)
+    assert scheduler.max_trials == 12 and small.profile is None
     assert small.budget.deadline is None  # not planned: compute.workers segments at once
     assert str(tmp_path) in small.tracking.mlflow_uri
+    # Resumed: 4 waves of new trials to 3 units, then 2 waves of 6 of them to 6 units.
+    resumed = calibration_job(spec, Run(4, 1, 2), 3.0, tmp_path).scheduler
+    assert (resumed.eta, resumed.min_resource, resumed.max_resource) == (2, 3.0, 6.0)
+    assert resumed.max_trials == 12
+    rungs = compile_plan(calibration_job(spec, Run(4, 1, 2), 3.0, tmp_path)).stages
+    assert [rung.trials for rung in rungs] == [12, 6]
 
 
 def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
-    from flows.calibrate import solve
+    from flows.calibrate import Run, solve
 
-    # F = 2, o = 0.25, t = 0.5 at a first level of 2 units; each job run twice, 0.1 s apart.
-    walls = {
-        (1, 1): [2 + 1.25 - 0.05, 2 + 1.25 + 0.05],
-        (4, 1): [2 + 4 * 1.25 - 0.05, 2 + 4 * 1.25 + 0.05],
-        (4, 3): [2 + 4 * 3.25 + 0.05, 2 + 4 * 3.25 - 0.05],
+    # F = 2, o = 0.2, c = 0.05, t = 0.5 at a first level of 2 units; each job run twice,
+    # 0.1 s apart. A new trial's segment of one level: 1.25 s; a resumed one: 1.2 s.
+    exact = {
+        Run(1, 1): 2 + 1.25,
+        Run(4, 1): 2 + 4 * 1.25,
+        Run(4, 3): 2 + 4 * 3.25,
+        Run(4, 1, 2): 2 + 4 * 1.25 + 2 * 1.2,
     }
+    walls = {run: [wall - 0.05, wall + 0.05] for run, wall in exact.items()}
     assert solve(walls, 2.0, 9.9) == {
         "seconds_per_unit": 0.5,
-        "overhead_s": 0.25,
+        "overhead_s": 0.2,
+        "trial_overhead_s": 0.05,
         "job_overhead_s": 2.0,
-        "job_overhead_sd": round((6 * 0.05**2 / 3) ** 0.5, 4),
+        "job_overhead_sd": round((8 * 0.05**2 / 4) ** 0.5, 4),
     }
-    exact = {(1, 1): 2 + 1.25, (4, 1): 2 + 4 * 1.25, (4, 3): 2 + 4 * 3.25}
-    slowed = {key: [wall, wall * 1.3, wall] for key, wall in exact.items()}
+    slowed = {run: [wall, wall * 1.3, wall] for run, wall in exact.items()}
     assert {k: v for k, v in solve(slowed, 2.0, 9.9).items() if k != "job_overhead_sd"} == {
         "seconds_per_unit": 0.5,  # one run in three 30% slower: the medians do not move
-        "overhead_s": 0.25,
+        "overhead_s": 0.2,
+        "trial_overhead_s": 0.05,
         "job_overhead_s": 2.0,
     }
-    noisy = {(1, 1): [3.0], (4, 1): [6.0], (4, 3): [5.9]}  # longer units ran faster: noise
+    # Longer units ran faster: noise; one run each: no spread known.
+    noisy = {Run(1, 1): [3.0], Run(4, 1): [6.0], Run(4, 3): [5.9], Run(4, 1, 2): [8.0]}
     assert solve(noisy, 1.0, 0.1)["seconds_per_unit"] == 0.1
-    assert solve(noisy, 1.0, 0.1)["job_overhead_sd"] == 0.0  # one run each: no spread known
+    assert solve(noisy, 1.0, 0.1)["job_overhead_sd"] == 0.0
 
 
 def test_calibration_lengthens_short_units_past_the_timing_noise() -> None:
-    from flows.calibrate import MAX_LEVELS, UNITS_S, runs
+    from flows.calibrate import MAX_LEVELS, UNITS_S, Run, runs
 
-    assert runs(1.0, 60.0) == ((1, 1), (4, 1), (4, 3))  # long units: three levels are plenty
-    assert runs(1.0, 1e-4)[-1] == (4, MAX_LEVELS)  # units of no measurable time: capped
-    (_, _), (_, _), (waves, levels) = runs(2.0, 0.04)
+    long = runs(1.0, 60.0)  # long units: three levels are plenty
+    assert long == (Run(1, 1), Run(4, 1), Run(4, 3), Run(4, 1, 2))
+    assert runs(1.0, 1e-4)[2] == Run(4, MAX_LEVELS)  # units of no measurable time: capped
+    waves, levels, _ = runs(2.0, 0.04)[2]
     assert waves == 4 and (levels - 1) * 2.0 * 0.04 >= UNITS_S > (levels - 2) * 2.0 * 0.04
+
+
+def test_a_trials_first_segment_pays_the_trial_overhead_in_the_forecast() -> None:
+    profile = {"seconds_per_unit": {1: 10.0}, "trial_overhead_s": 2.0}
+    report = plan_job(parse_job(job(compute={"workers": 3}, profile=profile)), samples=20)
+    # As in the test above, but the first rung's 3 waves start trials: 12 s each; the
+    # resumed segments of the later rungs (20 s, 60 s) do not pay it.
+    assert report.outcome.jct_q == pytest.approx(3 * 12 + 20 + 60)
 
 
 def test_the_job_overhead_spread_widens_the_forecast_not_its_middle() -> None:

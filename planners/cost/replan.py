@@ -3,15 +3,16 @@ segments, and at each stage barrier whether to keep the plan of the remaining st
 
 :class:`ProfileEstimate` holds the profile the plan was made with (the prior) and the
 segments measured since. Each segment gives the ratio of its measured seconds (less the
-profile's ``overhead_s``) to the prior's ``resource x seconds per unit`` at its width; a
-width's ratio is the resource-weighted mean of its segments' ratios, shrunk towards the
-pooled ratio of every width, and a width not seen yet takes the pooled ratio (the pooled
-one is shrunk towards 1, the prior, the same way). The shrinkage weighs by precision: a
-segment's ratio is off by the straggler spread, the prior's by ``prior_error`` (0.5), so
-the prior counts for ``(spread / prior_error) ** 2`` segments: little against steady
-segments, more against scattered ones. The straggler spread (``segment_cv``) is the pooled
-sd of the segments' ratios around their width's ratio, mixed with the prior's spread by
-``prior_weight`` pseudo-segments.
+profile's ``overhead_s``, and ``trial_overhead_s`` on a trial's first) to the prior's
+``resource x seconds per unit`` at its width; a width's ratio is the resource-weighted mean
+of its segments' ratios, shrunk towards the pooled ratio of every width, and a width not
+seen yet takes the pooled ratio (the pooled one is shrunk towards 1, the prior, the same
+way). The shrinkage weighs by precision: a segment's ratio is off by the straggler spread,
+the prior's by ``prior_error`` (0.5), so the prior counts for
+``(spread / prior_error) ** 2`` segments: little against steady segments, more against
+scattered ones. The straggler spread (``segment_cv``) is the pooled sd of the segments'
+ratios around their width's ratio, mixed with the prior's spread by ``prior_weight``
+pseudo-segments.
 
 :class:`Replanner` decides, given the plan, the trials finished per stage, the seconds
 elapsed and the dollars spent, and the updated profile; at a barrier or inside a stage
@@ -109,12 +110,14 @@ class ProfileEstimate:
         """Segments measured so far."""
         return sum(len(w.ratios) for w in self._widths.values())
 
-    def observe(self, gpus: float, resource: float, seconds: float) -> None:
-        """One finished segment: ``resource`` units on ``gpus`` GPUs took ``seconds``."""
+    def observe(self, gpus: float, resource: float, seconds: float, first: bool = False) -> None:
+        """One finished segment: ``resource`` units on ``gpus`` GPUs took ``seconds``;
+        ``first``: it was its trial's first."""
         if not resource > 0:
             return  # a segment that trains nothing says nothing about the speed
         forecast = resource * self.prior.timing(gpus).mean
-        measured = max(seconds - self.prior.overhead_s, 0.0)
+        overhead = self.prior.overhead_s + (self.prior.trial_overhead_s if first else 0.0)
+        measured = max(seconds - overhead, 0.0)
         width = self._widths.setdefault(float(gpus), _Width())
         width.measured += measured
         width.forecast += forecast

@@ -429,7 +429,7 @@ class PlanSimulator:
                 )
             mean, sd, unit = [], [], []
             for tier in stage.tiers:
-                m, s = self.profile.segment(tier.gpus, tier.resource, instance)
+                m, s = self.profile.segment(tier.gpus, tier.resource, instance, tier.start == 0)
                 mean += [m] * tier.trials
                 sd += [s] * tier.trials
                 per_unit = self.profile.timing(tier.gpus, instance).mean

@@ -104,7 +104,8 @@ def fastest_stage(
 
     def finish(g: float) -> tuple[float, float]:
         waves = place((g,) * stage.trials, instance.gpus, cap).waves
-        return waves * profile.segment(g, stage.stop - stage.start, instance)[0], g
+        seconds = profile.segment(g, stage.stop - stage.start, instance, stage.start == 0)[0]
+        return waves * seconds, g
 
     best = min(profile.counts_for(instance), key=finish)
     return build_stage(stage, best, instance, cap, hold, market)

@@ -403,6 +403,8 @@ class ProfileSpec(StrictModel):
     # Spread of a whole segment relative to its mean (a slow node stays slow): stragglers.
     segment_cv: NonNegativeFloat = 0.0
     overhead_s: NonNegativeFloat = 0.0  # per segment: dispatch, restore and save a checkpoint
+    # More on a trial's first segment: the sampler's proposal, the trial's MLflow run.
+    trial_overhead_s: NonNegativeFloat = 0.0
     # Per job, outside its segments: its runs and study created, its best model registered.
     job_overhead_s: NonNegativeFloat = 0.0
     # Run-to-run spread of a job's wall outside its units (start, server, dispatch jitter).

@@ -6,7 +6,9 @@ speeds relative to one whole GPU. Speedup is ``S(g) = t(1) / t(g)``.
 
 A segment of ``r`` resource units on ``g`` GPUs takes ``overhead + r * t(g)`` seconds on
 average; ``overhead`` is what a segment spends outside its units (dispatch, building the
-model, restoring and saving a checkpoint). A job spends ``job_overhead_s`` outside its
+model, restoring and saving a checkpoint); a trial's first segment adds
+``trial_overhead_s`` (the sampler proposing its configuration, its MLflow run created),
+which a resumed segment does not pay. A job spends ``job_overhead_s`` outside its
 segments (its runs and study created, its best model registered), give or take
 ``job_overhead_sd`` from one run to the next. A segment's spread has two parts:
 unit-to-unit noise, independent between units, so by the central limit theorem its sd grows
@@ -95,6 +97,8 @@ class Profile:
         segment_cv: Per-segment straggler spread, relative to the segment's mean.
         overhead_s: Seconds added to every segment (dispatch, checkpoint restore and save);
             the packer's rescale cost, paid when it restarts a running segment.
+        trial_overhead_s: Seconds a trial's first segment adds to ``overhead_s`` (the
+            sampler's proposal, the trial's MLflow run).
         job_overhead_s: Seconds a job spends outside its segments (the cost simulator
             counts them before the first).
         job_overhead_sd: Their spread from one run of the job to the next.
@@ -106,6 +110,7 @@ class Profile:
     timings: Mapping[float, Timing]
     segment_cv: float = 0.0
     overhead_s: float = 0.0
+    trial_overhead_s: float = 0.0
     job_overhead_s: float = 0.0
     job_overhead_sd: float = 0.0
     gpu: str | None = None
@@ -131,6 +136,7 @@ class Profile:
         for name, value in (
             ("segment_cv", self.segment_cv),
             ("overhead_s", self.overhead_s),
+            ("trial_overhead_s", self.trial_overhead_s),
             ("job_overhead_s", self.job_overhead_s),
             ("job_overhead_sd", self.job_overhead_sd),
         ):
@@ -183,6 +189,7 @@ class Profile:
         options: dict[str, Any] = {
             "segment_cv": spec.segment_cv,
             "overhead_s": spec.overhead_s,
+            "trial_overhead_s": spec.trial_overhead_s,
             "job_overhead_s": spec.job_overhead_s,
             "job_overhead_sd": spec.job_overhead_sd,
             "gpu": spec.gpu,
@@ -262,6 +269,8 @@ class Profile:
             out["segment_cv"] = self.segment_cv
         if self.overhead_s:
             out["overhead_s"] = self.overhead_s
+        if self.trial_overhead_s:
+            out["trial_overhead_s"] = self.trial_overhead_s
         if self.job_overhead_s:
             out["job_overhead_s"] = self.job_overhead_s
         if self.job_overhead_sd:
@@ -317,13 +326,14 @@ class Profile:
         return Timing(timing.mean / factor, timing.sd / factor)
 
     def segment(
-        self, g: float, resource: float, instance: GpuNode | None = None
+        self, g: float, resource: float, instance: GpuNode | None = None, first: bool = False
     ) -> tuple[float, float]:
-        """Mean and sd in seconds of one segment training ``resource`` units on ``g`` GPUs."""
+        """Mean and sd in seconds of one segment training ``resource`` units on ``g`` GPUs;
+        ``first``: the trial's first segment."""
         timing = self.timing(g, instance)
         work = resource * timing.mean
         sd = math.sqrt(resource * timing.sd**2 + (work * self.segment_cv) ** 2)
-        return self.overhead_s + work, sd
+        return self.overhead_s + (self.trial_overhead_s if first else 0.0) + work, sd
 
     def units_per_hour(self, g: float, instance: GpuNode | None = None) -> float:
         """Resource one trial trains per hour on ``g`` GPUs: SEER's ``S(g)``."""
