@@ -9,7 +9,7 @@ LCBench replay trainable (:func:`lcbench_slow`) with Hyperband and SHA, at 0.2 s
 epochs. Goal: every job within 10% of its p50, none above its p95. Writes
 benchmarks/results/forecast.json.
 
-    python benchmarks/forecast.py            # the four jobs, about 5 minutes each
+    python benchmarks/forecast.py            # the four jobs, about 4 minutes each
     python benchmarks/forecast.py --quick    # two small jobs, to check that it works
 """
 
@@ -72,7 +72,7 @@ def lcbench_slow(config: dict[str, Any], ctx: Any) -> None:
 
 
 def jobs(quick: bool) -> list[tuple[str, dict[str, Any], str]]:
-    """(name, job file, epoch seconds) of each benchmarked job. Each runs 14-31 s: on a job
+    """(name, job file, epoch seconds) of each benchmarked job. Each runs 13-31 s: on a job
     of a few seconds the machine's noise on the start alone (about 0.6 s) is 10% of it."""
     sha = {"name": "sha", "eta": 3, "min_resource": 1, "max_resource": 27}
     out = [

@@ -28,7 +28,7 @@ imports and dispatch jitter), which puts the forecast's p95 above its p50 even f
 trainable whose units never vary.
 
 Example (walls of F = 3, o = 0.4, c = 0.1, t = 0.2 at a first level of 1 unit):
-    >>> walls = {Run(1, 1): [3.7], Run(4, 1): [5.8], Run(4, 3): [7.4], Run(4, 1, 2): [7.0]}
+    >>> walls = {Run(1, 1): [3.7], Run(4, 1): [5.8], Run(4, 3): [7.4], Run(4, 1, True): [7.0]}
     >>> solve(walls, 1.0, 0.3)  # doctest: +NORMALIZE_WHITESPACE
     {'seconds_per_unit': 0.2, 'overhead_s': 0.4, 'trial_overhead_s': 0.1,
      'job_overhead_s': 3.0, 'job_overhead_sd': 0.0}
@@ -64,12 +64,17 @@ def first_level(spec: JobSpec) -> float:
 
 
 class Run(NamedTuple):
-    """A calibration job: ``waves`` waves of new trials training ``levels`` first levels,
-    then ``resumed`` waves of half of them (SHA at eta 2) training as many more."""
+    """A calibration job: ``waves`` waves of new trials training ``levels`` first levels;
+    with ``resumes``, half of them (SHA at eta 2) then train as many more."""
 
     waves: int
     levels: int
-    resumed: int = 0
+    resumes: bool = False
+
+    @property
+    def resumed(self) -> int:
+        """Waves of resumed segments: half the trials, as many slots."""
+        return self.waves // 2 if self.resumes else 0
 
     @property
     def label(self) -> str:
@@ -89,7 +94,7 @@ def calibration_job(spec: JobSpec, run: Run, level: float, folder: Path) -> JobS
             "name": "sha",
             "eta": 2,
             "min_resource": resource,
-            "max_resource": resource * (2 if run.resumed else 1),
+            "max_resource": resource * (2 if run.resumes else 1),
             "max_trials": run.waves * spec.compute.workers,
         },
         budget={},
@@ -124,7 +129,7 @@ def runs(level: float, alone: float) -> tuple[Run, ...]:
     """The four calibration jobs, given the first level's units and a unit's seconds timed
     in-process (``alone``)."""
     longer = min(max(3, 1 + math.ceil(UNITS_S / (level * alone))), MAX_LEVELS)
-    return (Run(1, 1), Run(4, 1), Run(4, longer), Run(4, 1, 2))
+    return (Run(1, 1), Run(4, 1), Run(4, longer), Run(4, 1, resumes=True))
 
 
 def solve(walls: dict[Run, list[float]], level: float, fallback_t: float) -> dict[str, float]:
@@ -141,7 +146,8 @@ def solve(walls: dict[Run, list[float]], level: float, fallback_t: float) -> dic
     t = (longer - wave) / ((long.levels - one.levels) * level)
     t = t if t > 0 else fallback_t
     # o + k4 * level * t, from the resumed waves that follow the new ones
-    again = (fourth - job - resumed.waves * wave) / resumed.resumed
+    new = wave + (resumed.levels - one.levels) * level * t  # its new trials' waves
+    again = (fourth - job - resumed.waves * new) / resumed.resumed
     overhead = max(0.0, again - resumed.levels * level * t)
     squares = sum((w - statistics.fmean(ws)) ** 2 for ws in walls.values() for w in ws)
     dof = sum(len(ws) - 1 for ws in walls.values())

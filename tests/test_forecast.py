@@ -185,10 +185,10 @@ def test_calibration_jobs_are_full_waves_of_one_rung_or_two(tmp_path: Path) -> N
     assert small.budget.deadline is None  # not planned: compute.workers segments at once
     assert str(tmp_path) in small.tracking.mlflow_uri
     # Resumed: 4 waves of new trials to 3 units, then 2 waves of 6 of them to 6 units.
-    resumed = calibration_job(spec, Run(4, 1, 2), 3.0, tmp_path).scheduler
+    resumed = calibration_job(spec, Run(4, 1, True), 3.0, tmp_path).scheduler
     assert (resumed.eta, resumed.min_resource, resumed.max_resource) == (2, 3.0, 6.0)
     assert resumed.max_trials == 12
-    rungs = compile_plan(calibration_job(spec, Run(4, 1, 2), 3.0, tmp_path)).stages
+    rungs = compile_plan(calibration_job(spec, Run(4, 1, True), 3.0, tmp_path)).stages
     assert [rung.trials for rung in rungs] == [12, 6]
 
 
@@ -201,7 +201,7 @@ def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
         Run(1, 1): 2 + 1.25,
         Run(4, 1): 2 + 4 * 1.25,
         Run(4, 3): 2 + 4 * 3.25,
-        Run(4, 1, 2): 2 + 4 * 1.25 + 2 * 1.2,
+        Run(4, 1, True): 2 + 4 * 1.25 + 2 * 1.2,
     }
     walls = {run: [wall - 0.05, wall + 0.05] for run, wall in exact.items()}
     assert solve(walls, 2.0, 9.9) == {
@@ -219,7 +219,7 @@ def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
         "job_overhead_s": 2.0,
     }
     # Longer units ran faster: noise; one run each: no spread known.
-    noisy = {Run(1, 1): [3.0], Run(4, 1): [6.0], Run(4, 3): [5.9], Run(4, 1, 2): [8.0]}
+    noisy = {Run(1, 1): [3.0], Run(4, 1): [6.0], Run(4, 3): [5.9], Run(4, 1, True): [8.0]}
     assert solve(noisy, 1.0, 0.1)["seconds_per_unit"] == 0.1
     assert solve(noisy, 1.0, 0.1)["job_overhead_sd"] == 0.0
 
@@ -228,7 +228,7 @@ def test_calibration_lengthens_short_units_past_the_timing_noise() -> None:
     from flows.calibrate import MAX_LEVELS, UNITS_S, Run, runs
 
     long = runs(1.0, 60.0)  # long units: three levels are plenty
-    assert long == (Run(1, 1), Run(4, 1), Run(4, 3), Run(4, 1, 2))
+    assert long == (Run(1, 1), Run(4, 1), Run(4, 3), Run(4, 1, True))
     assert runs(1.0, 1e-4)[2] == Run(4, MAX_LEVELS)  # units of no measurable time: capped
     waves, levels, _ = runs(2.0, 0.04)[2]
     assert waves == 4 and (levels - 1) * 2.0 * 0.04 >= UNITS_S > (levels - 2) * 2.0 * 0.04
