@@ -12,7 +12,9 @@ On one Prefect server on loopback (``infra.local_cluster``), with 2 slots each w
   epochs per second, and warm over local.
 
 Run: ``python benchmarks/dispatch.py`` (``--quick`` for a small run that proves it works);
-writes ``benchmarks/results/dispatch.json``. The cost planner prices a segment's overhead
+writes ``benchmarks/results/dispatch.json``. ``--database URL`` puts the cluster's server on
+another database (``postgresql+asyncpg://...``; Prefect's advice for a server with many
+writers) and writes ``dispatch_<database>.json``. The cost planner prices a segment's overhead
 from the job's ``profile.overhead_s`` (docs/job-file.md): on a warm pool, add the ``warm``
 figure to it.
 """
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trials", type=int, help="idle trials per mode (default 200, 20)")
     parser.add_argument("--flow-runs", action="store_true", help="measure the flow-run mode")
     parser.add_argument("--no-digits", action="store_true", help="skip the digits example")
+    parser.add_argument("--database", help="the cluster server's database URL (default SQLite)")
     args = parser.parse_args(argv)
     trials = args.trials or (20 if args.quick else 200)
     # The node workers import this module's trainable.
@@ -142,10 +145,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     from infra.local_cluster import running_cluster
 
-    results: dict[str, Any] = {"quick": args.quick, "slots": SLOTS, "dispatch": {}}
+    database = args.database.split(":")[0].split("+")[0] if args.database else "sqlite"
+    results: dict[str, Any] = {
+        "quick": args.quick,
+        "slots": SLOTS,
+        "server_database": database,
+        "dispatch": {},
+    }
     with tempfile.TemporaryDirectory(prefix="elastune-dispatch-") as name:
         tmp = Path(name)
-        with running_cluster(tmp / "cluster", nodes=SLOTS, gpus_per_node=1) as cluster:
+        cluster_home = tmp / "cluster"
+        with running_cluster(cluster_home, SLOTS, 1, database=args.database) as cluster:
             for mode, pool in (("local", []), ("warm", ["--pool", cluster.pool])):
                 folder = tmp / mode
                 folder.mkdir()
@@ -167,8 +177,9 @@ def main(argv: list[str] | None = None) -> None:
             f"   digits: {d['local']['epochs_per_second']:.2f} epochs/s local, "
             f"{d['warm']['epochs_per_second']:.2f} warm ({d['warm_over_local']:.0%})"
         )
-    RESULT.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {RESULT.relative_to(ROOT)}")
+    out = RESULT if database == "sqlite" else RESULT.with_name(f"dispatch_{database}.json")
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"server on {database}; wrote {out.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""A job's segments in flight: each submitted as a Prefect task run, training in the
-driver's process (the local pool) or on a work pool's workers (flows/pools.py), and
-collected in the order they finish.
+"""A job's segments in flight: each a Prefect task run, training in the driver's process
+(the local pool) or on a work pool's workers (flows/pools.py, flows/warm_pool.py), and
+collected in the order they finish (each future's done callback queues it).
 
 A segment that fails to produce a report (its worker was lost on every retry, or it ran
 over ``compute.segment_timeout``) comes back as a failed report: its trial fails, the job
@@ -9,12 +9,13 @@ carries on.
 
 from __future__ import annotations
 
+import contextlib
+import queue
 from typing import Any
 
-from prefect.futures import PrefectFuture, as_completed
 from prefect.task_engine import TaskRunTimeoutError
 
-from flows.pools import PoolTarget
+from flows.pools import Launched, PoolTarget
 from flows.segment import WorkerLost
 from planners.search.schedulers.base import Segment
 from planners.staging.devices import LocalDevices
@@ -40,7 +41,8 @@ class Launcher:
         self.pool = pool
         # Which of the devices each running trial holds (local jobs with CUDA only).
         self.assigned = None if pool is not None or devices is None else LocalDevices(devices)
-        self._flight: dict[PrefectFuture[SegmentReport], Segment] = {}
+        self._flight: dict[Launched, Segment] = {}
+        self._done: queue.SimpleQueue[Launched] = queue.SimpleQueue()
 
     @property
     def running(self) -> list[Segment]:
@@ -62,10 +64,11 @@ class Launcher:
                 self.ref, segment, config, run_id, instance_type, self.timeout
             )
         self._flight[future] = segment
+        future.add_done_callback(self._done.put)
 
     def next_report(self) -> tuple[Segment, SegmentReport]:
         """Wait for the next segment to finish; it and its report."""
-        future = next(as_completed(list(self._flight)))
+        future = self._done.get()
         segment = self._flight.pop(future)
         if self.assigned is not None:
             self.assigned.release(segment.trial)
@@ -80,4 +83,5 @@ class Launcher:
     def wait_all(self) -> None:
         """Let every segment in flight end (the job is ending with an error)."""
         for future in self._flight:
-            future.wait()
+            with contextlib.suppress(Exception):  # the job's own error is the one to raise
+                future.result()

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from flows.pools import LIVE_SECONDS
+from flows.warm_pool import LIVE_SECONDS
 from flows.warm_runs import busy_nodes, mark_draining
 from infra.ecs import EcsCapacity, ScalingGroup, aws_errors
 from infra.sizing import CapacityError, InfraError, SizingRecord

@@ -129,12 +129,17 @@ class Cluster:
 
 @contextlib.contextmanager
 def running_cluster(
-    home: Path, nodes: int, gpus_per_node: float, pool: str = DEFAULT_POOL
+    home: Path,
+    nodes: int,
+    gpus_per_node: float,
+    pool: str = DEFAULT_POOL,
+    database: str | None = None,
 ) -> Iterator[Cluster]:
     """A server and ``nodes`` warm workers of ``gpus_per_node`` GPUs (CPU slots) each, all
-    stopped at exit; this process's Prefect client talks to the server meanwhile."""
+    stopped at exit; this process's Prefect client talks to the server meanwhile.
+    ``database``: the server's database URL (None: SQLite in ``home``)."""
     with (
-        running_server(home / "server") as api,
+        running_server(home / "server", database=database) as api,
         temporary_settings({PREFECT_API_URL: api}),
         warm_nodes(api, home, nodes, gpus_per_node, pool) as cluster,
     ):
@@ -184,11 +189,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pool", default=DEFAULT_POOL)
     parser.add_argument("--home", type=Path, default=Path(".elastune/cluster"))
     parser.add_argument("--api", help="a running server's API URL: start no server, only nodes")
+    parser.add_argument(
+        "--database",
+        help="the server's database, e.g. postgresql+asyncpg://user@host:5432/prefect "
+        "(default: SQLite in --home; Prefect recommends PostgreSQL for many writers)",
+    )
     args = parser.parse_args(argv)
+    if args.api is not None and args.database is not None:
+        parser.error("--database: the server at --api has its own database")
     # SIGTERM unwinds like Ctrl-C, through the clean-up of the context managers.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     if args.api is None:
-        cluster = running_cluster(args.home, args.nodes, args.gpus_per_node, args.pool)
+        cluster = running_cluster(
+            args.home, args.nodes, args.gpus_per_node, args.pool, args.database
+        )
     else:
         cluster = on_server(args.api, args.home, args.nodes, args.gpus_per_node, args.pool)
     with contextlib.suppress(KeyboardInterrupt), cluster as running:

@@ -71,11 +71,15 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 
 @contextlib.contextmanager
-def running_server(home: Path, port: int | None = None, ui: bool = False) -> Iterator[str]:
+def running_server(
+    home: Path, port: int | None = None, ui: bool = False, database: str | None = None
+) -> Iterator[str]:
     """Yield the API URL (``http://127.0.0.1:PORT/api``) of a server started for the block.
 
     With ``ui`` the server also serves the web UI, told to call this port's API (left alone,
     the UI's API URL is ``PREFECT_SERVER_API_PORT``, 4200, whatever ``--port`` says).
+    ``database``: Prefect's ``PREFECT_API_DATABASE_CONNECTION_URL`` for the server (e.g.
+    ``postgresql+asyncpg://...``); None: SQLite in ``home``.
     """
     home.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -84,6 +88,8 @@ def running_server(home: Path, port: int | None = None, ui: bool = False) -> Ite
     command = [sys.executable, "-m", "prefect", "server", "start"]
     command += ["--host", "127.0.0.1", "--port", str(port)]
     env = isolated_env(home, PREFECT_UI_ENABLED=str(ui).lower(), PREFECT_UI_API_URL=api)
+    if database is not None:
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = database
     with log.open("w") as out:
         process = subprocess.Popen(
             command,

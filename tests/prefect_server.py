@@ -37,7 +37,7 @@ def segment_runs(job_id: str, warm: bool = False) -> list:
     from prefect.client.schemas.filters import FlowFilter, TaskRunFilter, TaskRunFilterTags
     from prefect.client.schemas.sorting import TaskRunSort
 
-    from flows.pools import job_tag
+    from flows.warm_pool import job_tag
 
     with get_client(sync_client=True) as client:
         if warm:

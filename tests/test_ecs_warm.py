@@ -19,8 +19,8 @@ from prefect.client.orchestration import get_client
 from prefect.states import Completed, Running
 
 import infra.ecs_warm
-from flows.pools import Placer
 from flows.segment import Node, ecs_task_id, main, warm_segment
+from flows.warm_pool import Placer
 from flows.warm_runs import busy_nodes, draining_nodes, mark_draining
 from infra.ecs import EcsCapacity
 from infra.ecs_warm import WarmServices, WarmWorker, family
@@ -245,8 +245,8 @@ def test_a_cluster_without_gpu_groups_is_refused_before_anything_is_created():
 def test_the_placer_skips_draining_nodes(monkeypatch):
     nodes = [Node("task-a", 1.0, 1), Node("task-b", 4.0, 2)]
     draining = {"task-a"}
-    monkeypatch.setattr("flows.pools.live_nodes", lambda pool: nodes)
-    monkeypatch.setattr("flows.pools.draining_nodes", lambda pool: draining)
+    monkeypatch.setattr("flows.warm_pool.live_nodes", lambda pool: nodes)
+    monkeypatch.setattr("flows.warm_pool.draining_nodes", lambda pool: draining)
     placer = Placer(POOL)
     # task-a would be the best fit for 1 GPU; draining, it gets nothing.
     assert placer.take(1.0, timeout=0) == "task-b"

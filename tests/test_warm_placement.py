@@ -1,20 +1,21 @@
-"""A warm pool's placer: a segment goes, best fit, to a live node with room for its GPUs."""
+"""A warm pool's placer (a segment goes, best fit, to a live node with room for its GPUs)
+and its relaunches (a segment whose node died is launched again, at most twice)."""
 
 from __future__ import annotations
 
 import pytest
 
-from flows.pools import Placer
 from flows.segment import Node, WorkerLost
+from flows.warm_pool import Placer, relaunched
 
 
 @pytest.fixture
 def placer(monkeypatch) -> Placer:
     """Two live nodes: ``big`` of 2 GPUs and ``small`` of 1."""
     nodes = [Node("big", 2.0, 101), Node("small", 1.0, 102)]
-    monkeypatch.setattr("flows.pools.live_nodes", lambda pool: nodes)
-    monkeypatch.setattr("flows.pools.draining_nodes", lambda pool: set())
-    monkeypatch.setattr("flows.pools.POLL_SECONDS", 0.01)
+    monkeypatch.setattr("flows.warm_pool.live_nodes", lambda pool: nodes)
+    monkeypatch.setattr("flows.warm_pool.draining_nodes", lambda pool: set())
+    monkeypatch.setattr("flows.warm_pool.POLL_SECONDS", 0.01)
     return Placer("warm")
 
 
@@ -32,3 +33,22 @@ def test_a_segment_wider_than_any_free_node_waits(placer) -> None:
         placer.take(2.0, timeout=0.05)
     placer.give("big", 2.0)
     assert placer.take(2.0, timeout=0) == "big"
+
+
+def test_a_segment_is_launched_again_while_its_node_dies(monkeypatch) -> None:
+    monkeypatch.setattr("flows.warm_pool.time.sleep", lambda seconds: None)
+    attempts: list[int] = []
+
+    def launch(attempt: int) -> str:
+        attempts.append(attempt)
+        if attempt < 3:
+            raise WorkerLost(f"node died under launch {attempt}")
+        return "report"
+
+    assert relaunched(launch) == "report" and attempts == [1, 2, 3]
+
+    def always_lost(attempt: int) -> str:
+        raise WorkerLost(f"node died under launch {attempt}")
+
+    with pytest.raises(WorkerLost, match="launch 3"):
+        relaunched(always_lost)

@@ -21,14 +21,11 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import yaml
 from mlflow import MlflowClient
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import FlowRunFilter, TaskRunFilter
 
 from flows.cli import main
 from planners.search import Segment
@@ -126,19 +123,11 @@ def test_killed_worker_process_is_retried_from_the_checkpoint(
     assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 2.0), (3, 3.0)]
     assert run.data.tags["elastune.status"] == "complete"
 
-    # Prefect saw it: the killed run crashed, and its launch-segment task run in the job's
-    # flow run retried once and completed.
+    # Prefect saw it: the segment's first warm run crashed, and the run launched again on a
+    # live node (same name: the same segment) completed.
     ours = segment_runs(summary["job_id"], warm=True)
     assert sorted(r.state_name for r in ours) == ["Completed", "Crashed"]
-    with get_client(sync_client=True) as prefect:
-        (job_run,) = prefect.read_flow_runs(
-            flow_run_filter=FlowRunFilter(name={"any_": [summary["job_id"]]})
-        )
-        (task,) = prefect.read_task_runs(
-            flow_run_filter=FlowRunFilter(id={"any_": [job_run.id]}),
-            task_run_filter=TaskRunFilter(name={"any_": ["trial-0 0→3"]}),
-        )
-    assert task.state_name == "Completed" and task.run_count == 2
+    assert len({r.name for r in ours}) == 1
 
 
 SEGMENT = """
@@ -184,7 +173,7 @@ def test_segment_killed_after_its_last_checkpoint_reports_when_retried(
     assert [level for level, _ in tracker.checkpoints(run_id)] == [3, 2, 1]
     assert tracker.load_report(run_id, report_name(segment)) is None
 
-    # The retry (what launch-segment's retry or a resumed driver runs) resumes at 3.
+    # The segment launched again (on a live node, or by a resumed driver) resumes at 3.
     monkeypatch.setenv("ELASTUNE_TEST_PIDS", str(log))
     report = run_segment(job, segment, {"x": 0.5}, run_id)
     assert not report.result.failed, report
@@ -203,6 +192,21 @@ def elastune(api: str, *args: str) -> subprocess.Popen:
         text=True,
         start_new_session=True,
     )
+
+
+def await_line(process: subprocess.Popen, prefix: str, timeout: float) -> bool:
+    """Read ``process``'s stderr until a line starts with ``prefix``; False past ``timeout``
+    (the rest stays in the pipe for ``communicate``)."""
+    found = threading.Event()
+
+    def read() -> None:
+        for line in process.stderr:
+            if line.startswith(prefix):
+                found.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    return found.wait(timeout)
 
 
 def test_driver_killed_while_a_pool_segment_runs_resumes_without_rerunning_it(
@@ -256,20 +260,12 @@ def test_driver_resumed_while_its_pool_segment_still_runs_waits_for_it(
         os.killpg(driver.pid, signal.SIGKILL)
         driver.communicate()
 
-        # Resumed while the segment still trains: the new driver launches it again...
-        began = datetime.now(UTC)
+        # Resumed while the segment still trains: the new driver starts driving (its mode
+        # line) and launches the segment again...
         resumed = elastune(
             prefect_api, "resume", job_id, "--storage", f"sqlite:///{tmp_path}/optuna.db"
         )
-        launched, deadline = False, time.monotonic() + 180
-        with get_client(sync_client=True) as client:
-            while not launched and time.monotonic() < deadline:
-                time.sleep(0.2)
-                launched = any(
-                    t.name == "trial-0 0→3" and t.start_time and t.start_time >= began
-                    for t in client.read_task_runs()
-                )
-        if not launched:
+        if not await_line(resumed, "mode:", timeout=180):
             resumed.kill()
             raise AssertionError(resumed.communicate()[1][-4000:])
         time.sleep(3)  # ...and had it created a twin, the worker would have started it by now

@@ -1,0 +1,310 @@
+"""Warm pools (type ``elastune-warm``): each segment is a background task run sent to the
+warm worker of the node it is placed on (docs/prefect-server.md, "A job in work-pool
+mode"; the node's side is :mod:`flows.segment`).
+
+The driver places a segment, best fit, on a live node with room for its GPUs
+(:class:`Placer`), sends it under the node's task key, waits for the run's end event and
+reads the report from MLflow, in a thread of its own (:meth:`WarmPool.submit`). That warm
+run is the segment's only task run. A node is live while its heartbeats are fresh; a
+segment whose node died is marked Crashed and launched again on a live node (at most
+:data:`RELAUNCHES` times), from its trial's last checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import math
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+from prefect.blocks.core import Block
+from prefect.client.orchestration import get_client
+from prefect.context import EngineContext, TaskRunContext
+from prefect.futures import PrefectDistributedFuture
+from prefect.states import Crashed
+from prefect.tasks import Task
+
+from flows.segment import (
+    HEARTBEAT_SECONDS,
+    WARM_TYPE,
+    Node,
+    WorkerLost,
+    keyed,
+    node_key,
+    warm_segment,
+)
+from flows.warm_runs import draining_nodes, unfinished_runs
+from infra.backends import make_backend
+from infra.sizing import InfraError, PoolBackend
+from planners.search.schedulers.base import Segment
+from planners.staging.placement import best_fit
+from tasks.tracking import Tracker
+from tasks.train import JobRef, SegmentReport, report_name
+
+# A node whose last heartbeat is older is dead: Prefect's 3 missed beats, plus slack for a
+# busy machine.
+LIVE_SECONDS = 3 * HEARTBEAT_SECONDS + 2.0
+# How often a driver waiting for room on a node looks again.
+POLL_SECONDS = 0.5
+# How long a driver waits on a warm run's end event before it checks the run's node again.
+WAIT_SECONDS = 2.0
+# A segment whose node died is launched again on a live one at most this many times.
+RELAUNCHES = 2
+
+
+def live_nodes(pool: str) -> list[Node]:
+    """The warm workers of ``pool`` whose heartbeats are fresh (a restarted node may
+    briefly show two incarnations)."""
+    with get_client(sync_client=True) as client:
+        workers = client.read_workers_for_work_pool(pool)
+    now = datetime.now(UTC)
+    return [
+        Node.parse(w.name)
+        for w in workers
+        if w.last_heartbeat_time is not None
+        and (now - w.last_heartbeat_time).total_seconds() < LIVE_SECONDS
+        and w.name.count("/") >= 2
+    ]
+
+
+class Placer:
+    """Places segments on the live nodes of a warm pool, best fit (the rule of
+    planners/staging/placement.py), counting the GPUs this driver's segments hold."""
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self.held: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self._live: tuple[float, list[Node], set[str]] = (-math.inf, [], set())
+
+    def alive(self, fresh: bool = False) -> list[Node]:
+        """Every live node, draining or not, as read at most a heartbeat ago unless
+        ``fresh``: one call to the server per segment is a good part of what a segment
+        costs."""
+        return self._read(fresh)[0]
+
+    def live(self, fresh: bool = False) -> list[Node]:
+        """The live nodes that are not draining (a draining node still lives and finishes
+        its runs, but takes no new segment)."""
+        nodes, draining = self._read(fresh)
+        return [node for node in nodes if node.name not in draining]
+
+    def _read(self, fresh: bool) -> tuple[list[Node], set[str]]:
+        read_at, nodes, draining = self._live
+        if fresh or time.monotonic() - read_at > HEARTBEAT_SECONDS:
+            nodes, draining = live_nodes(self.pool), draining_nodes(self.pool)
+            self._live = (time.monotonic(), nodes, draining)
+        return nodes, draining
+
+    def take(self, gpus: float, timeout: float) -> str:
+        """The node ``gpus`` GPUs go to, now held; :class:`WorkerLost` when no live node
+        has room within ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        fresh = False
+        while True:
+            capacity = {node.name: node.gpus for node in self.live(fresh)}
+            names = sorted(capacity)
+            with self.lock:
+                free = [capacity[name] - self.held.get(name, 0.0) for name in names]
+                index = best_fit(free, gpus)
+                if index is not None:
+                    self.hold(names[index], gpus)
+                    return names[index]
+            if time.monotonic() > deadline:
+                raise WorkerLost(
+                    f"no live node of warm pool {self.pool!r} had {gpus:g} free GPUs "
+                    f"within {timeout:g} s"
+                )
+            time.sleep(POLL_SECONDS)
+            fresh = True
+
+    def hold(self, node: str, gpus: float) -> None:
+        self.held[node] = self.held.get(node, 0.0) + gpus
+
+    def give(self, node: str, gpus: float) -> None:
+        with self.lock:
+            self.held[node] -= gpus
+
+
+@dataclass(frozen=True)
+class WarmPool:
+    """A pool of warm node workers: where segment parameters are stored, placement, the
+    runs a dead driver left unfinished, by job (read once per job), and the driver's
+    threads that launch segments and wait for them."""
+
+    name: str
+    storage: Block
+    backend: PoolBackend
+    placer: Placer
+    worker_timeout: float  # seconds a segment waits for a live node with room
+    left: dict[str, dict[str, tuple[UUID, str]]] = field(default_factory=dict)
+    threads: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(thread_name_prefix="warm-launch")
+    )
+
+    def left_by(self, job_id: str) -> dict[str, tuple[UUID, str]]:
+        """The unfinished warm runs of job ``job_id`` its predecessor left, by segment name;
+        a launch takes its own out."""
+        with self.placer.lock:
+            if job_id not in self.left:
+                self.left[job_id] = unfinished(job_id)
+            return self.left[job_id]
+
+    def submit(
+        self,
+        job: JobRef,
+        segment: Segment,
+        config: dict[str, Any],
+        run_id: str,
+        instance_type: str | None,
+        timeout: float | None,
+    ) -> Future[SegmentReport]:
+        # No task run of its own: the warm run is the segment's one task run (a second
+        # doubled the server's writes per segment, measured in docs/prefect-server.md).
+        launch = functools.partial(launch_on_node, self, job, segment, config, run_id, timeout)
+        return self.threads.submit(contextvars.copy_context().run, relaunched, launch)
+
+
+def open_warm_pool(pool: str, template: dict[str, Any], worker_timeout: float) -> WarmPool:
+    """The warm pool ``pool`` once a node lives (within ``worker_timeout`` s); its storage
+    block is in its template."""
+    storage = template.get("variables", {}).get("properties", {}).get("storage", {})
+    if "default" not in storage:
+        raise InfraError(
+            f"compute.pool: warm pool {pool!r} names no parameter storage "
+            "(create it with `python -m infra.local_cluster` or docs/ecs.md)"
+        )
+    backend = make_backend("local", pool, pool_type=WARM_TYPE)
+    block = Block.load(storage["default"])
+    backend.check()
+    placer = Placer(pool)
+    deadline = time.monotonic() + worker_timeout
+    while not placer.live():
+        if time.monotonic() > deadline:
+            raise InfraError(
+                f"compute.pool: no warm worker of pool {pool!r} alive within "
+                f"{worker_timeout:g} s; start one with `python -m flows.segment --pool {pool}`"
+            )
+        time.sleep(POLL_SECONDS)
+    return WarmPool(pool, block, backend, placer, worker_timeout)
+
+
+def segment_name(job: JobRef, segment: Segment) -> str:
+    """The name of every warm run of ``segment``: how a resumed driver finds one in flight.
+    A name, not a tag: Prefect's task engine checks a run's tags for concurrency limits,
+    and remembers that a set of tags has none, so runs that share their tags skip a call to
+    the server that a tag unique to each segment would cost every run (about 2 s a segment
+    under load, measured)."""
+    return f"warm-segment {job.job_id}/trial-{segment.trial}/{report_name(segment)}"
+
+
+def job_tag(job_id: str) -> str:
+    """The tag of every warm run of job ``job_id``."""
+    return f"elastune-job:{job_id}"
+
+
+def unfinished(job_id: str) -> dict[str, tuple[UUID, str]]:
+    """The unfinished warm runs of job ``job_id`` and their nodes, by segment name."""
+    with get_client(sync_client=True) as client:
+        runs = unfinished_runs(client, job_tag(job_id))
+    found = {}
+    for run in runs:
+        node = next(t for t in run.tags if t.startswith("node:"))
+        found[run.name] = (run.id, node.removeprefix("node:"))
+    return found
+
+
+def detached_delay(send: Task[..., Any], arguments: tuple[Any, ...]) -> UUID:
+    """``send.delay(*arguments)`` outside the driver's flow and task runs (call it in a copied
+    context): a delayed run ships its parent's context to the worker, and the driver's holds
+    objects (this pool's lock, the flow's task runner) that do not pickle."""
+    EngineContext.__var__.set(None)
+    TaskRunContext.__var__.set(None)
+    return send.delay(*arguments).task_run_id
+
+
+def await_warm(pool: WarmPool, run: UUID, node: str, timeout: float | None) -> bool:
+    """Wait for warm run ``run`` on ``node``: True once it ends, False past ``timeout``
+    (with a grace period for the node's own limit to end it). :class:`WorkerLost` when the
+    node dies first: a dead incarnation, or a restarted one, never finishes a run."""
+    deadline = None if timeout is None else time.monotonic() + timeout + 10 * POLL_SECONDS
+    future: PrefectDistributedFuture[None] = PrefectDistributedFuture(run)
+    seen: set[int] | None = None  # the node's incarnations alive while the run ran
+    while True:
+        try:
+            future.wait(WAIT_SECONDS)
+        except RuntimeError as exc:  # the server has the run, not yet its first state
+            if "has no state" not in str(exc):
+                raise
+            time.sleep(POLL_SECONDS / 10)
+            continue
+        state = future.state
+        if state.is_final():
+            return True
+        alive = {n.pid for n in pool.placer.alive() if n.name == node}
+        if seen is None and state.is_running():
+            seen = alive
+        if not (alive if seen is None else alive & seen):
+            with get_client(sync_client=True) as client:
+                client.set_task_run_state(run, Crashed(message=f"node {node} died"), force=True)
+            raise WorkerLost(f"node {node} of warm pool {pool.name!r} died under the segment")
+        if deadline is not None and time.monotonic() > deadline:
+            return False
+
+
+def relaunched(launch: Callable[[int], SegmentReport]) -> SegmentReport:
+    """``launch(attempt)``'s report; launched again while its node dies under it, at most
+    :data:`RELAUNCHES` times (the segment resumes from its trial's last checkpoint)."""
+    attempt = 1
+    while True:
+        try:
+            return launch(attempt)
+        except WorkerLost:
+            if attempt > RELAUNCHES:
+                raise
+        attempt += 1
+        time.sleep(1.0)  # as Prefect's retry delay was: a moment for the cluster to settle
+
+
+def launch_on_node(
+    pool: WarmPool,
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    timeout: float | None,
+    attempt: int,
+) -> SegmentReport:
+    """One launch of ``segment``: a warm run on the node the placer picks, waited for."""
+    name = segment_name(job, segment)
+    # A driver resumed while its predecessor's segment still runs waits for that run.
+    found = pool.left_by(job.job_id).pop(name, None)
+    if found is not None:
+        run, node = found
+        with pool.placer.lock:
+            pool.placer.hold(node, segment.gpus)
+    else:
+        run, node = None, pool.placer.take(segment.gpus, pool.worker_timeout)
+    try:
+        if run is None:
+            tags = {job_tag(job.job_id), f"node:{node}"}
+            send = warm_segment.with_options(name=name, result_storage=pool.storage, tags=tags)
+            send = keyed(send, node_key(pool.name, node))
+            arguments = (job, segment, config, run_id, timeout, attempt)
+            run = contextvars.copy_context().run(detached_delay, send, arguments)
+        ended = await_warm(pool, run, node, timeout)
+    finally:
+        pool.placer.give(node, segment.gpus)
+    if not ended:
+        return SegmentReport.failure(segment, f"timeout: segment ran over {timeout:g} s")
+    report = Tracker(job.mlflow_uri, job.experiment).load_report(run_id, report_name(segment))
+    if report is None:
+        raise WorkerLost(f"segment on node {node} ended without a report")
+    return SegmentReport.from_dict(report)
