@@ -57,6 +57,9 @@ POLL_SECONDS = 0.5
 WAIT_SECONDS = 2.0
 # A segment whose node died is launched again on a live one at most this many times.
 RELAUNCHES = 2
+# Most segments one driver has in flight on a warm pool at once: as many as the tune
+# flow's task runner runs in other modes (flows/tune.py).
+MAX_IN_FLIGHT = 64
 
 
 def live_nodes(pool: str) -> list[Node]:
@@ -146,7 +149,11 @@ class WarmPool:
     worker_timeout: float  # seconds a segment waits for a live node with room
     left: dict[str, dict[str, tuple[UUID, str]]] = field(default_factory=dict)
     threads: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(thread_name_prefix="warm-launch")
+        # A thread per segment in flight (threads start as needed): the default, a few per
+        # core, would queue launches on a big pool.
+        default_factory=lambda: ThreadPoolExecutor(
+            max_workers=MAX_IN_FLIGHT, thread_name_prefix="warm-launch"
+        )
     )
 
     def left_by(self, job_id: str) -> dict[str, tuple[UUID, str]]:
