@@ -87,11 +87,10 @@ class Placer:
         self.lock = threading.Lock()
         self._live: tuple[float, list[Node], set[str]] = (-math.inf, [], set())
 
-    def alive(self, fresh: bool = False) -> list[Node]:
-        """Every live node, draining or not, as read at most a heartbeat ago unless
-        ``fresh``: one call to the server per segment is a good part of what a segment
-        costs."""
-        return self._read(fresh)[0]
+    def alive(self) -> list[Node]:
+        """Every live node, draining or not, as read at most a heartbeat ago: one call to
+        the server per segment is a good part of what a segment costs."""
+        return self._read(fresh=False)[0]
 
     def live(self, fresh: bool = False) -> list[Node]:
         """The live nodes that are not draining (a draining node still lives and finishes
