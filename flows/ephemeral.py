@@ -4,7 +4,8 @@ outliving the command.
 With no ``PREFECT_API_URL``, Prefect starts a server subprocess the first time a flow
 needs it (``SubprocessASGIServer``); that takes seconds, only begins once the command has
 imported everything, and a command killed with SIGKILL left the server running.
-:func:`early_server` starts the same server (the same uvicorn command and environment)
+:func:`early_server` starts the same server (the same uvicorn command and environment, its
+app from :func:`infra.prefect_app.create_app`: Prefect's, its SQLite writes immediate)
 before the command imports torch, MLflow and the flows, so the two overlap on separate
 cores, and hands it to Prefect once it answers, as the process's ephemeral server
 (:func:`adopt`).
@@ -108,12 +109,12 @@ def adopt(server: subprocess.Popen, port: int) -> None:
 def start_server() -> tuple[int, subprocess.Popen, Callable[[], None]]:
     """Start Prefect's server as its ephemeral mode does, and its watchdog; the server's
     port, the server, and a function that stops both."""
-    import prefect
     from prefect.settings import get_current_settings
 
     port = free_port()
-    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parents[1])]
-    command += ["--factory", "prefect.server.api.server:create_app", "--lifespan", "on"]
+    # uvicorn finds the app's module in the folder that holds flows/ and infra/.
+    command = [sys.executable, "-m", "uvicorn", "--factory", "infra.prefect_app:create_app"]
+    command += ["--app-dir", str(Path(__file__).resolve().parents[1]), "--lifespan", "on"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error"]
     settings = get_current_settings().to_environment_variables(exclude_unset=True)
     server = subprocess.Popen(

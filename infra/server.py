@@ -1,10 +1,11 @@
 """A real Prefect server and process worker on loopback, for tests and checks (docs/stack.md §2).
 
-``running_server`` starts ``python -m prefect server start`` on a free port with its own
-``PREFECT_HOME`` and waits for ``/api/health``; ``running_worker`` starts ``python -m prefect
-worker start --type process`` that polls every second. Both run in their own process group,
-which is stopped at exit whatever happens, so no process outlives the block. The pytest
-fixture that shares one server across a test session is in ``tests/prefect_server.py``.
+``running_server`` starts ``python -m infra.prefect_app`` (``prefect server start`` with its
+SQLite writes immediate) on a free port with its own ``PREFECT_HOME`` and waits for
+``/api/health``; ``running_worker`` starts ``python -m prefect worker start --type process``
+that polls every second. Both run in their own process group, which is stopped at exit
+whatever happens, so no process outlives the block. The pytest fixture that shares one
+server across a test session is in ``tests/prefect_server.py``.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def running_server(
     port = port or free_port()
     api = f"http://127.0.0.1:{port}/api"
     log = home / "server.log"
-    command = [sys.executable, "-m", "prefect", "server", "start"]
+    command = [sys.executable, "-m", "infra.prefect_app"]  # prefect server start, amended
     command += ["--host", "127.0.0.1", "--port", str(port)]
     env = isolated_env(home, PREFECT_UI_ENABLED=str(ui).lower(), PREFECT_UI_API_URL=api)
     if database is not None:

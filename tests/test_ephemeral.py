@@ -42,7 +42,7 @@ def alive(pid: int) -> bool:
 
 def is_server(pid: int) -> bool:
     with contextlib.suppress(OSError):
-        return b"prefect.server.api.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"infra.prefect_app:create_app" in Path(f"/proc/{pid}/cmdline").read_bytes()
     return False
 
 

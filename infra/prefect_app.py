@@ -1,0 +1,66 @@
+"""Prefect's server as elastune starts it: on SQLite, every write transaction takes the
+database's write lock when it begins (docs/prefect-server.md, "What a Prefect server costs").
+
+Prefect's server opens most write transactions on SQLite as ``DEFERRED``: one that reads and
+then writes (creating a background task run does: it looks for the run first) fails at
+once with ``database is locked`` when another connection wrote since its read, without
+waiting on SQLite's busy timeout. Prefect answers ``503`` and its client waits 2, 4, then 8
+s before it tries again. Under a warm pool's writers (runs created, their states, node
+heartbeats) that was about one ``POST /task_runs/`` in ten. Prefect's own remedy, which it
+applies to the transactions it passes ``with_for_update``, is ``BEGIN IMMEDIATE``: the
+transaction takes the write lock first and waits its turn. :func:`immediate_sqlite_writes`
+applies it to every write transaction of the process; PostgreSQL servers are untouched.
+
+- ``python -m infra.prefect_app [OPTIONS]`` is ``prefect server start [OPTIONS]`` with it
+  (``infra.server.running_server`` and ``infra.local_cluster`` start their server so);
+- :func:`create_app` is the uvicorn factory of ``elastune run``'s ephemeral server
+  (``flows/ephemeral.py``), Prefect's own ``create_app`` with it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+
+def immediate_sqlite_writes() -> None:
+    """Make every write transaction of this process's Prefect server on SQLite begin
+    ``IMMEDIATE`` (Prefect's ``with_for_update``). Idempotent."""
+    from prefect.server.database.configurations import AioSqliteConfiguration
+
+    begin = AioSqliteConfiguration.begin_transaction
+    if getattr(begin, "immediate", False):
+        return
+
+    def begin_immediate(self: AioSqliteConfiguration, session: Any, with_for_update: bool = False):
+        return begin(self, session, with_for_update=True)
+
+    begin_immediate.immediate = True  # type: ignore[attr-defined]
+    AioSqliteConfiguration.begin_transaction = begin_immediate  # type: ignore[method-assign]
+
+
+def create_app() -> FastAPI:
+    """Prefect's server app (``prefect.server.api.server:create_app``, which reads the rest
+    from the environment as it does for Prefect's own ephemeral server), its SQLite writes
+    immediate."""
+    from prefect.server.api.server import create_app as prefect_app
+
+    immediate_sqlite_writes()
+    return prefect_app()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``prefect server start`` with ``argv`` as its options, its SQLite writes immediate."""
+    from prefect.cli import app
+
+    immediate_sqlite_writes()
+    # Prefect's CLI reads its arguments from sys.argv only.
+    sys.argv = ["prefect", "server", "start", *(sys.argv[1:] if argv is None else argv)]
+    app()
+
+
+if __name__ == "__main__":
+    main()
