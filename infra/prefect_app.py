@@ -20,6 +20,7 @@ applies it to every write transaction of the process; PostgreSQL servers are unt
 from __future__ import annotations
 
 import sys
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,7 +36,9 @@ def immediate_sqlite_writes() -> None:
     if getattr(begin, "immediate", False):
         return
 
-    def begin_immediate(self: AioSqliteConfiguration, session: Any, with_for_update: bool = False):
+    def begin_immediate(
+        self: AioSqliteConfiguration, session: Any, with_for_update: bool = False
+    ) -> AbstractAsyncContextManager[Any]:
         return begin(self, session, with_for_update=True)
 
     begin_immediate.immediate = True  # type: ignore[attr-defined]
