@@ -30,6 +30,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from infra.prefect_app import FACTORY
 from infra.server import free_port, stop_group, wait_healthy
 
 # Prefect's own ephemeral server has no UI and knows it is ephemeral
@@ -113,7 +114,7 @@ def start_server() -> tuple[int, subprocess.Popen, Callable[[], None]]:
 
     port = free_port()
     # uvicorn finds the app's module in the folder that holds flows/ and infra/.
-    command = [sys.executable, "-m", "uvicorn", "--factory", "infra.prefect_app:create_app"]
+    command = [sys.executable, "-m", "uvicorn", "--factory", FACTORY]
     command += ["--app-dir", str(Path(__file__).resolve().parents[1]), "--lifespan", "on"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error"]
     settings = get_current_settings().to_environment_variables(exclude_unset=True)

@@ -26,6 +26,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+# uvicorn's import path of :func:`create_app`, for ``--factory``.
+FACTORY = "infra.prefect_app:create_app"
+
 
 def immediate_sqlite_writes() -> None:
     """Make every write transaction of this process's Prefect server on SQLite begin

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra.prefect_app import FACTORY
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +44,7 @@ def alive(pid: int) -> bool:
 
 def is_server(pid: int) -> bool:
     with contextlib.suppress(OSError):
-        return b"infra.prefect_app:create_app" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return FACTORY.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
     return False
 
 
