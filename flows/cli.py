@@ -105,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         job_id = new_job_id(spec.name)
         print(f"job {job_id}", file=sys.stderr, flush=True)
         server_ready()
-    return _finish(job_id, lambda: tune_spec(spec, job_id), args.json)
+        return _finish(job_id, lambda: tune_spec(spec, job_id), args.json)
 
 
 def _quiet_optuna() -> None:
@@ -149,7 +149,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
         print(f"job {args.job_id}", file=sys.stderr, flush=True)
         server_ready()
-    return _finish(args.job_id, lambda: resume(args.job_id, args.storage), args.json)
+        return _finish(args.job_id, lambda: resume(args.job_id, args.storage), args.json)
 
 
 # --- plan -------------------------------------------------------------------------------

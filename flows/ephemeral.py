@@ -7,8 +7,19 @@ imported everything, and a command killed with SIGKILL left the server running.
 :func:`early_server` starts the same server (the same uvicorn command and environment, its
 app from :func:`infra.prefect_app.create_app`: Prefect's, its SQLite writes immediate)
 before the command imports torch, MLflow and the flows, so the two overlap on separate
-cores, and hands it to Prefect once it answers, as the process's ephemeral server
-(:func:`adopt`).
+cores, and points the command's Prefect settings at it once it answers. While it has not
+answered yet, the command imports what the job imports later anyway (:data:`WARM`).
+
+It points the settings, as Prefect's own test harness does (``prefect_test_harness``:
+``PREFECT_API_URL`` in the command's settings and in the process-wide ones that threads
+without a copied context read), rather than registering the server as Prefect's ephemeral
+one: Prefect's clients find that one through ``prefect.server.api.server``, a module that
+takes 1.2-1.7 s of the command's one busy core to import. When the command ends, its logs
+and events are sent (Prefect's log and events workers drained, as the harness does: the
+events worker is a process-wide singleton that would keep this address) and the settings
+are restored, so a later command of the same process that names a server of its own
+reaches that one. The server itself lives as long as the process, which reuses it for its
+later commands, as Prefect does its own.
 
 The server never outlives the command: a watchdog (``sh``) holds the read end of a pipe
 only the command writes to, and when the command dies, however it dies (SIGKILL included),
@@ -23,10 +34,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -44,67 +58,104 @@ SERVER_ENV = {
 # if it still runs 5 s later). $0 is the server's pid.
 WATCHDOG = "cat >/dev/null; kill -TERM $0 2>/dev/null; sleep 5; kill -KILL $0 2>/dev/null"
 
+# Imported while the server starts, as long as it does: MLflow's SQL store (a job's
+# tracker builds one), and torch's compiler, which every torch.optim optimizer imports
+# when it is made.
+WARM = ("mlflow.store.tracking.sqlalchemy_store", "torch._dynamo")
+
+# The API address of the server this process started and answered, once it has.
+_api_url: str | None = None
+
 
 @contextlib.contextmanager
 def early_server() -> Iterator[Callable[[], None]]:
-    """Start the ephemeral server now when this command will need one, and yield a function
-    that waits for it and hands it to Prefect. Leaving the block without calling it (bad
-    input) stops the server; after it, the server lives as long as the process, which
-    reuses it for its later commands, as Prefect does its own."""
+    """Start the ephemeral server now when this command will need one (or reuse the one an
+    earlier command of this process started), and yield a function that waits for it and
+    points Prefect at it until the block ends. Leaving the block without calling it (bad
+    input) stops a server it started."""
+    global _api_url
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value() or has_ephemeral_server():
         yield lambda: None
         return
-    port, server, stop = start_server()
-    ready = False
+    started = None if _api_url is not None else start_server()
+    pointed = contextlib.ExitStack()
 
     def wait() -> None:
-        nonlocal ready
-        ready = True
-        # Imported while the server starts, not after: it takes a second or two.
-        import prefect.server.api.server  # noqa: F401
-
-        try:
-            health = f"http://127.0.0.1:{port}/api/health"
-            wait_healthy(server, health, startup_timeout(), Path(os.devnull))
-        except RuntimeError:
-            # Prefect's own start then tries again and fails the job with its message.
-            stop()
-            return
-        adopt(server, port)
-        atexit.register(stop)
+        global _api_url
+        nonlocal started
+        if started is not None:
+            port, server, stop = started
+            started = None
+            try:
+                health = f"http://127.0.0.1:{port}/api/health"
+                warm_until(lambda: answers(health))
+                wait_healthy(server, health, startup_timeout(), Path(os.devnull))
+            except RuntimeError:
+                # Prefect's own start then tries again and fails the job with its message.
+                stop()
+                return
+            atexit.register(stop)
+            _api_url = f"http://127.0.0.1:{port}/api"
+        if _api_url is not None:
+            pointed.enter_context(pointed_at(_api_url))
 
     try:
         yield wait
     finally:
-        if not ready:
-            stop()
+        pointed.close()
+        if started is not None:  # never waited for: bad input
+            started[2]()
+
+
+@contextlib.contextmanager
+def pointed_at(api_url: str) -> Iterator[None]:
+    """Prefect's settings name ``api_url`` in this context and in the process-wide one, as
+    in Prefect's test harness; on leaving, the logs and events sent and the settings back."""
+    import prefect.context
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with (
+        temporary_settings({PREFECT_API_URL: api_url}),
+        prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()),
+    ):
+        try:
+            yield
+        finally:
+            APILogWorker.drain_all()
+            EventsWorker.drain_all()
+
+
+def warm_until(ready: Callable[[], bool]) -> None:
+    """Import what every job imports later, one module at a time, until ``ready()``."""
+    for module in WARM:
+        if ready():
+            return
+        importlib.import_module(module)
+
+
+def answers(health: str) -> bool:
+    """Does the server answer 200 at ``health`` now?"""
+    with (
+        contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError),
+        urllib.request.urlopen(health, timeout=0.5) as response,
+    ):
+        return response.status == 200
+    return False
 
 
 def has_ephemeral_server() -> bool:
-    """Has this process an ephemeral server already (Prefect's, or one :func:`adopt`ed)?
-    Prefect's server module is imported only by a process that has one."""
+    """Has this process Prefect's own ephemeral server running already? Prefect's server
+    module is imported only by a process that has one."""
     if "prefect.server.api.server" not in sys.modules:
         return False
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer._instances.get(None)
     return server is not None and server.running
-
-
-def adopt(server: subprocess.Popen, port: int) -> None:
-    """Make ``server`` this process's ephemeral server: the instance Prefect's clients,
-    events and logs find when they call ``SubprocessASGIServer()``, already running. (Prefect's
-    own test harness registers its server the same way.) Prefect stays in ephemeral mode, as
-    without this early start: no setting changes, so nothing leaks into a later command of
-    the same process that names a server of its own."""
-    from prefect.server.api.server import SubprocessASGIServer
-
-    adopted = SubprocessASGIServer(port)
-    adopted.server_process = server
-    adopted.running = True
-    SubprocessASGIServer._instances[None] = adopted
 
 
 def start_server() -> tuple[int, subprocess.Popen, Callable[[], None]]:

@@ -122,7 +122,7 @@ def wait_healthy(process: subprocess.Popen, health: str, timeout: float, log: Pa
                 return
         if time.monotonic() > deadline:
             raise RuntimeError(f"{health} not healthy after {timeout} s")
-        time.sleep(0.3)
+        time.sleep(0.1)
 
 
 @contextlib.contextmanager

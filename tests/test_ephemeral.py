@@ -106,3 +106,48 @@ def test_a_killed_run_leaves_no_prefect_server(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)
+
+
+# A process that runs a flow on the early server, then looks at what Prefect was left with.
+POINTED = """
+import sys, threading
+from prefect import flow
+from prefect.events.worker import EventsWorker
+from prefect.settings import PREFECT_API_URL, get_current_settings
+from flows.ephemeral import early_server
+
+@flow
+def one() -> int:
+    return 1
+
+seen = []
+with early_server() as ready:
+    ready()
+    inside = PREFECT_API_URL.value()
+    # A thread without a copied context reads the process-wide settings.
+    thread = threading.Thread(target=lambda: seen.append(get_current_settings().api.url))
+    thread.start(); thread.join()
+    assert one() == 1
+print(inside.startswith("http://127.0.0.1:"), seen == [inside])
+print(PREFECT_API_URL.value(), len(EventsWorker._instances))
+print("prefect.server.api.server" in sys.modules)
+"""
+
+
+def test_a_command_points_prefect_at_its_server_and_back(tmp_path: Path) -> None:
+    """The command's flow runs on the early server through Prefect's settings, in every
+    thread, without Prefect's server module (1.2-1.7 s to import) or a server of Prefect's
+    own; afterwards its events worker is gone and the settings are back, so a later command
+    of the process that names another server reaches that one."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", POINTED],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:3] == ["True True", "None 0", "False"], done.stdout
