@@ -39,13 +39,11 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from infra.prefect_app import FACTORY
-from infra.server import free_port, stop_group, wait_healthy
+from infra.server import answers, free_port, stop_group, wait_healthy
 
 # Prefect's own ephemeral server has no UI and knows it is ephemeral
 # (prefect.server.api.server.SubprocessASGIServer sets the same).
@@ -73,7 +71,6 @@ def early_server() -> Iterator[Callable[[], None]]:
     earlier command of this process started), and yield a function that waits for it and
     points Prefect at it until the block ends. Leaving the block without calling it (bad
     input) stops a server it started."""
-    global _api_url
     from prefect.settings import PREFECT_API_URL
 
     if PREFECT_API_URL.value() or has_ephemeral_server():
@@ -90,7 +87,7 @@ def early_server() -> Iterator[Callable[[], None]]:
             started = None
             try:
                 health = f"http://127.0.0.1:{port}/api/health"
-                warm_until(lambda: answers(health))
+                warm_until(lambda: answers(health, timeout=0.5))
                 wait_healthy(server, health, startup_timeout(), Path(os.devnull))
             except RuntimeError:
                 # Prefect's own start then tries again and fails the job with its message.
@@ -135,16 +132,6 @@ def warm_until(ready: Callable[[], bool]) -> None:
         if ready():
             return
         importlib.import_module(module)
-
-
-def answers(health: str) -> bool:
-    """Does the server answer 200 at ``health`` now?"""
-    with (
-        contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError),
-        urllib.request.urlopen(health, timeout=0.5) as response,
-    ):
-        return response.status == 200
-    return False
 
 
 def has_ephemeral_server() -> bool:

@@ -107,6 +107,16 @@ def running_server(
         stop_group(process, signal.SIGTERM)
 
 
+def answers(health: str, timeout: float = 2.0) -> bool:
+    """Does the server answer 200 at ``health`` now?"""
+    with (
+        contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError),
+        urllib.request.urlopen(health, timeout=timeout) as response,
+    ):
+        return response.status == 200
+    return False
+
+
 def wait_healthy(process: subprocess.Popen, health: str, timeout: float, log: Path) -> None:
     """Wait until the server ``process`` answers 200 at ``health``; raise if it exits first
     (with the tail of its ``log``) or stays unhealthy ``timeout`` seconds."""
@@ -114,12 +124,8 @@ def wait_healthy(process: subprocess.Popen, health: str, timeout: float, log: Pa
     while True:
         if process.poll() is not None:
             raise RuntimeError(f"{process.args} exited with {process.returncode}:\n{_tail(log)}")
-        with (
-            contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError),
-            urllib.request.urlopen(health, timeout=2) as response,
-        ):
-            if response.status == 200:
-                return
+        if answers(health):
+            return
         if time.monotonic() > deadline:
             raise RuntimeError(f"{health} not healthy after {timeout} s")
         time.sleep(0.1)
