@@ -85,16 +85,16 @@ def early_server() -> Iterator[Callable[[], None]]:
         if started is not None:
             port, server, stop = started
             started = None
+            api = f"http://127.0.0.1:{port}/api"
             try:
-                health = f"http://127.0.0.1:{port}/api/health"
-                warm_until(lambda: answers(health, timeout=0.5))
-                wait_healthy(server, health, startup_timeout(), Path(os.devnull))
+                warm_until(lambda: answers(f"{api}/health", timeout=0.5))
+                wait_healthy(server, f"{api}/health", startup_timeout(), Path(os.devnull))
             except RuntimeError:
                 # Prefect's own start then tries again and fails the job with its message.
                 stop()
                 return
             atexit.register(stop)
-            _api_url = f"http://127.0.0.1:{port}/api"
+            _api_url = api
         if _api_url is not None:
             pointed.enter_context(pointed_at(_api_url))
 
