@@ -40,6 +40,7 @@ from prefect import flow, task
 from prefect.blocks.core import Block
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
+from prefect.context import AsyncClientContext, SyncClientContext
 from prefect.task_worker import StopTaskWorker, TaskWorker
 from prefect.tasks import Task
 from prefect.utilities.timeout import timeout as time_limit
@@ -161,7 +162,13 @@ async def serve(pool: str, node: Node, storage: str, threads: int | None = None)
     beat = threading.Thread(target=heartbeat, args=(pool, node, stop), daemon=True)
     beat.start()
     try:
-        await worker.start()
+        # One client of each kind for every run on this node: without them, a run builds
+        # three (the parameters' storage, the run's context, its engine), each loading
+        # the CA bundle into a new SSL context (docs/prefect-server.md, "What a Prefect
+        # server costs").
+        async with AsyncClientContext.get_or_create():
+            with SyncClientContext.get_or_create():
+                await worker.start()
     finally:
         stop.set()
 

@@ -26,10 +26,12 @@ from uuid import UUID
 
 from prefect.blocks.core import Block
 from prefect.client.orchestration import get_client
-from prefect.context import EngineContext, TaskRunContext
+from prefect.context import AsyncClientContext, EngineContext, TaskRunContext
 from prefect.futures import PrefectDistributedFuture
+from prefect.settings import PREFECT_API_URL
 from prefect.states import Crashed
 from prefect.tasks import Task
+from prefect.utilities.asyncutils import run_coro_as_sync
 
 from flows.segment import (
     HEARTBEAT_SECONDS,
@@ -227,6 +229,26 @@ def unfinished(job_id: str) -> dict[str, tuple[UUID, str]]:
     return found
 
 
+_clients: dict[str, AsyncClientContext] = {}
+_clients_lock = threading.Lock()
+
+
+def launch_client() -> AsyncClientContext:
+    """The async Prefect client this process's warm launches share, one per API (tests run
+    jobs on several servers), opened on Prefect's run-sync loop, where ``Task.delay``
+    creates its run and a future waits for it. Without it each delay builds two clients
+    (the run's and its parameter storage's) and each wait one, each loading the CA bundle
+    into a new SSL context: about 90 ms a segment (docs/prefect-server.md, "What a
+    Prefect server costs")."""
+    api = PREFECT_API_URL.value()
+    with _clients_lock:
+        if api not in _clients:
+            context = AsyncClientContext()
+            run_coro_as_sync(context.__aenter__())
+            _clients[api] = context
+        return _clients[api]
+
+
 def detached_delay(send: Task[..., Any], arguments: tuple[Any, ...]) -> UUID:
     """``send.delay(*arguments)`` outside the driver's flow and task runs (call it in a copied
     context): a delayed run ships its parent's context to the worker, and the driver's holds
@@ -289,6 +311,7 @@ def launch_on_node(
     attempt: int,
 ) -> SegmentReport:
     """One launch of ``segment``: a warm run on the node the placer picks, waited for."""
+    AsyncClientContext.__var__.set(launch_client())  # this launch's context is its own copy
     name = segment_name(job, segment)
     # A driver resumed while its predecessor's segment still runs waits for that run.
     found = pool.left_by(job.job_id).pop(name, None)

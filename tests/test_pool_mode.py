@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import traceback
 
 import pytest
 import yaml
 from mlflow import MlflowClient
 from prefect.artifacts import Artifact
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 
 from flows.cli import main
@@ -50,6 +51,14 @@ def test_segments_run_on_warm_nodes_one_per_free_slot(
     monkeypatch.setenv("ELASTUNE_TEST_PIDS", str(tmp_path / "pids.log"))
     monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.5")
     job = write_job(tmp_path, trainable="tests.trainables:pid_logged_quadratic")
+    built: list[set[str]] = []  # the functions on the stack where each async client was built
+    init = PrefectClient.__init__
+
+    def building(self, *args, **kwargs) -> None:
+        built.append({frame.name for frame in traceback.extract_stack()})
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(PrefectClient, "__init__", building)
     with warm_nodes(prefect_api, tmp_path / "cluster", nodes=2, gpus_per_node=1, pool="warm"):
         code = main(["run", job, "--pool", "warm", "--json", *stores])
     out, err = capsys.readouterr()
@@ -57,6 +66,10 @@ def test_segments_run_on_warm_nodes_one_per_free_slot(
     assert "pool: warm, warm workers on" in err
     summary = json.loads(out)
     assert summary["segments"] == 4 and summary["best"] is not None
+    # The driver's launches share one client: otherwise Prefect builds one for every delay
+    # and every wait, each with a new SSL context (about 25 ms).
+    assert [names for names in built if "launch_client" in names]
+    assert not [names for names in built if names & {"create_run", "wait_async"}]
 
     # Each segment was a background task run on a node; a node of 1 slot never ran two at
     # once, and the 2 workers the job had used both nodes.
