@@ -13,7 +13,7 @@ Example (a SHA job without a profile: its plan's three stages, ``compute.workers
     ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9}})
     >>> compiled = compile_job(spec)
     >>> len(compiled.execution.plan.stages), compiled.execution.admission
-    (3, WorkerCap(workers=2))
+    (3, WorkerCap(workers=2, ahead=0))
 """
 
 from __future__ import annotations

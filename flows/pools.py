@@ -16,7 +16,7 @@ import sys
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 from uuid import UUID
 
 from prefect import task
@@ -60,10 +60,12 @@ Launched = PrefectFuture[SegmentReport] | Future[SegmentReport]
 
 
 class PoolTarget(Protocol):
-    """The pool a job's segments go to, with its sizing backend."""
+    """The pool a job's segments go to, with its sizing backend; ``queues``: whether its
+    nodes hold a segment handed out ahead until one they train ends."""
 
     name: str
     backend: PoolBackend
+    queues: ClassVar[bool]
 
     def submit(
         self,
@@ -85,6 +87,7 @@ class FlowRunPool(PoolTarget):
     deployment: UUID
     gpu_variables: bool
     backend: PoolBackend
+    queues: ClassVar[bool] = False  # a flow run per segment: nothing waits on a node
 
     def job_variables(self, gpus_per_trial: float, instance_type: str | None) -> dict[str, str]:
         return gpu_job_variables(gpus_per_trial, instance_type) if self.gpu_variables else {}

@@ -4,7 +4,8 @@ Warm workers (docs/prefect-server.md, "A job in work-pool mode"): each node runs
 long-lived Prefect task worker, ``python -m flows.segment --pool POOL --node NAME --gpus G``,
 that serves the background task ``warm-segment`` under a task key of its own
 (:func:`node_key`), so the driver decides which node a segment goes to. Segments run in
-threads of that process: imports, data and a CUDA context are paid once per node. The
+threads of that process: imports, data and a CUDA context are paid once per node. A segment
+the driver queued behind others waits for the node's GPUs (:class:`GpuGate`). The
 node also heartbeats to the work pool as a Prefect worker named after itself, its GPUs and
 its process (:class:`Node`): that is how the driver finds live nodes and notices a dead
 one.
@@ -29,9 +30,11 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import threading
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -99,6 +102,40 @@ _devices: LocalDevices | None = None
 _devices_lock = threading.Lock()
 
 
+class GpuGate:
+    """A node's GPUs (CPU slots) as its segments hold them: a segment the driver queued
+    behind others waits here until as many are free as it needs.
+
+    Example:
+        >>> gate = GpuGate(2.0)
+        >>> with gate.held(1.0), gate.held(1.0):
+        ...     gate.free
+        0.0
+        >>> gate.free
+        2.0
+    """
+
+    def __init__(self, gpus: float) -> None:
+        self.free = gpus
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def held(self, gpus: float) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: self.free >= gpus)
+            self.free -= gpus
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.free += gpus
+                self._changed.notify_all()
+
+
+# The node's GPUs, set once by serve(); the default never blocks (a test's worker).
+_gate = GpuGate(math.inf)
+
+
 @task(name="warm-segment", cache_policy=NO_CACHE)
 def warm_segment(
     job: JobRef,
@@ -108,23 +145,25 @@ def warm_segment(
     timeout: float | None,
     attempt: int,
 ) -> None:
-    """Train one segment on this node; the report goes to MLflow, where the driver reads it.
-    ``attempt`` makes each launch's inputs unique, so no cache ever answers for a retry."""
-    with _devices_lock:
-        ids = None if _devices is None else _devices.take(segment.trial, segment.gpus)
-    try:
-        # Like local mode: the limit interrupts a trainable stuck in Python code.
-        with time_limit(timeout):
-            run_segment(job, segment, config, run_id, gpu_ids=ids)
-    except TimeoutError:
-        # The trial fails as in local mode; the driver reads this report.
-        failure = SegmentReport.failure(segment, f"timeout: segment ran over {timeout:g} s")
-        tracker = Tracker(job.mlflow_uri, job.experiment)
-        tracker.save_report(run_id, report_name(segment), failure.to_dict())
-    finally:
-        if _devices is not None:
-            with _devices_lock:
-                _devices.release(segment.trial)
+    """Train one segment on this node once its GPUs are free; the report goes to MLflow,
+    where the driver reads it. ``attempt`` makes each launch's inputs unique, so no cache
+    ever answers for a retry."""
+    with _gate.held(segment.gpus):
+        with _devices_lock:
+            ids = None if _devices is None else _devices.take(segment.trial, segment.gpus)
+        try:
+            # Like local mode: the limit interrupts a trainable stuck in Python code.
+            with time_limit(timeout):
+                run_segment(job, segment, config, run_id, gpu_ids=ids)
+        except TimeoutError:
+            # The trial fails as in local mode; the driver reads this report.
+            failure = SegmentReport.failure(segment, f"timeout: segment ran over {timeout:g} s")
+            tracker = Tracker(job.mlflow_uri, job.experiment)
+            tracker.save_report(run_id, report_name(segment), failure.to_dict())
+        finally:
+            if _devices is not None:
+                with _devices_lock:
+                    _devices.release(segment.trial)
 
 
 def keyed(segment_task: Task[..., Any], key: str) -> Task[..., Any]:
@@ -143,12 +182,14 @@ def heartbeat(pool: str, node: Node, stop: threading.Event) -> None:
 
 
 async def serve(pool: str, node: Node, storage: str, threads: int | None = None) -> None:
-    """Run ``node``'s warm worker until cancelled: segments sent to its key, any number at
-    once (the driver places no more than the node's GPUs hold). ``threads``: torch's
-    threads per segment; default, the machine's cores shared by the node's slots."""
-    global _devices
+    """Run ``node``'s warm worker until cancelled: segments sent to its key, each training
+    once the node's GPUs it needs are free (the driver queues at most the node's GPUs'
+    worth behind them). ``threads``: torch's threads per segment; default, the machine's
+    cores shared by the node's slots."""
+    global _devices, _gate
     count = cuda_devices()
     _devices = LocalDevices(count) if count else None
+    _gate = GpuGate(node.gpus)
     # Threads share the cores: more threads than cores make torch's workers spin-wait.
     slots = max(1, round(node.gpus))
     torch.set_num_threads(threads or max(1, torch.get_num_threads() // slots))

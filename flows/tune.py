@@ -2,8 +2,9 @@
 
 ``tune`` takes a job file (what deployments and the nightly flow pass); ``tune_spec`` takes
 the parsed job (what ``elastune run`` passes, having parsed it once). Both run
-:func:`run_job`: compile the job (its trainable, its execution plan), open its work pool,
-create its study and parent run, and drive it (:mod:`flows.drive`).
+:func:`run_job`: compile the job (its trainable, its execution plan), open its work pool
+(on a warm pool, segments are handed out ahead), create its study and parent run, and drive
+it (:mod:`flows.drive`).
 
 Each flow run is named after its job id, which the UI lists it by: from the start when the
 caller made the id (the CLI, ``resume``), else (a deployment's run) once the flow has made it.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -26,7 +28,7 @@ from prefect.runtime import flow_run
 from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.compiled import compile_job
+from flows.compiled import CompiledJob, compile_job
 from flows.drive import drive
 from flows.job import Job, new_job_id
 from flows.pools import PoolTarget, open_pool
@@ -73,8 +75,7 @@ def run_job(
     """Compile, create and drive a new job; bad input is found before anything is created."""
     job_id = job_id or new_job_id(spec.name)
     name_run(job_id)
-    compiled = compile_job(spec)
-    pool = work_pool(spec)
+    compiled, pool = compile_for_pool(spec)
     job = Job.create(compiled, job_id, warm_start or [])
     return drive(job, pool)
 
@@ -95,15 +96,20 @@ def resume(job_id: str, storage: str = "sqlite:///.elastune/optuna.db") -> dict[
         outcome.value = stored.already_finished()
         if outcome.value is not None:
             return outcome.value
-        compiled = compile_job(stored.spec)
-        pool = work_pool(stored.spec)
+        compiled, pool = compile_for_pool(stored.spec)
         outcome.value = drive(Job.resume(compiled, stored), pool)
     return outcome.value
 
 
-def work_pool(spec: JobSpec) -> PoolTarget | None:
-    """The work pool the job's segments run on; None: the local pool (this process)."""
-    return None if spec.compute.pool == "local" else open_pool(spec)
+def compile_for_pool(spec: JobSpec) -> tuple[CompiledJob, PoolTarget | None]:
+    """The job compiled (its mistakes found first) and the work pool its segments run on
+    (None: the local pool, this process); on a pool whose nodes queue segments, the plan
+    hands segments out ahead."""
+    compiled = compile_job(spec)
+    pool = None if spec.compute.pool == "local" else open_pool(spec)
+    if pool is not None and pool.queues:
+        compiled = replace(compiled, execution=compiled.execution.queued_on_nodes())
+    return compiled, pool
 
 
 class _Outcome:

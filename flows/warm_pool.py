@@ -2,7 +2,9 @@
 warm worker of the node it is placed on (docs/prefect-server.md, "A job in work-pool
 mode"; the node's side is :mod:`flows.segment`).
 
-The driver places a segment, best fit, on a live node with room for its GPUs
+The driver places a segment, best fit, on a live node with room for its GPUs, or when no
+node has room, in the queue of one (a node holds as many GPUs' worth again, and trains them
+as the segments ahead end: the next segment starts without the driver's round trip)
 (:class:`Placer`), sends it under the node's task key, waits for the run's end event and
 reads the report from MLflow, in a thread of its own (:meth:`WarmPool.submit`). That warm
 run is the segment's only task run. A node is live while its heartbeats are fresh; a
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 from uuid import UUID
 
 from prefect.blocks.core import Block
@@ -79,6 +81,13 @@ def live_nodes(pool: str) -> list[Node]:
     ]
 
 
+class Placement(NamedTuple):
+    """The node a segment goes to, and whether it waits there for segments ahead of it."""
+
+    node: str
+    queued: bool
+
+
 class Placer:
     """Places segments on the live nodes of a warm pool, best fit (the rule of
     planners/staging/placement.py), counting the GPUs this driver's segments hold."""
@@ -107,20 +116,28 @@ class Placer:
             self._live = (time.monotonic(), nodes, draining)
         return nodes, draining
 
-    def take(self, gpus: float, timeout: float) -> str:
-        """The node ``gpus`` GPUs go to, now held; :class:`WorkerLost` when no live node
-        has room within ``timeout`` s."""
+    def take(self, gpus: float, timeout: float) -> Placement:
+        """Where ``gpus`` GPUs go, now held: a node with that many free trains the segment
+        at once; else one whose queue has room (as many GPUs again as the node has) holds it
+        until the segments ahead of it end. :class:`WorkerLost` when no live node has room
+        within ``timeout`` s."""
         deadline = time.monotonic() + timeout
         fresh = False
         while True:
             capacity = {node.name: node.gpus for node in self.live(fresh)}
             names = sorted(capacity)
             with self.lock:
-                free = [capacity[name] - self.held.get(name, 0.0) for name in names]
-                index = best_fit(free, gpus)
-                if index is not None:
-                    self.hold(names[index], gpus)
-                    return names[index]
+                for queued, depth in ((False, 1), (True, 2)):
+                    free = [
+                        depth * capacity[name] - self.held.get(name, 0.0)
+                        if capacity[name] >= gpus  # a node never trains wider than itself
+                        else 0.0
+                        for name in names
+                    ]
+                    index = best_fit(free, gpus)
+                    if index is not None:
+                        self.hold(names[index], gpus)
+                        return Placement(names[index], queued)
             if time.monotonic() > deadline:
                 raise WorkerLost(
                     f"no live node of warm pool {self.pool!r} had {gpus:g} free GPUs "
@@ -148,6 +165,7 @@ class WarmPool:
     backend: PoolBackend
     placer: Placer
     worker_timeout: float  # seconds a segment waits for a live node with room
+    queues: ClassVar[bool] = True  # a node holds a segment until the ones ahead of it end
     left: dict[str, dict[str, tuple[UUID, str]]] = field(default_factory=dict)
     threads: ThreadPoolExecutor = field(
         # A thread per segment in flight (threads start as needed): the default, a few per
@@ -317,10 +335,13 @@ def launch_on_node(
     found = pool.left_by(job.job_id).pop(name, None)
     if found is not None:
         run, node = found
+        queued = True  # it may still wait behind another of the dead driver's
         with pool.placer.lock:
             pool.placer.hold(node, segment.gpus)
     else:
-        run, node = None, pool.placer.take(segment.gpus, pool.worker_timeout)
+        run, (node, queued) = None, pool.placer.take(segment.gpus, pool.worker_timeout)
+    # A queued segment starts once the one ahead of it ends, within that one's limit.
+    limit = None if timeout is None else timeout * (2 if queued else 1)
     try:
         if run is None:
             tags = {job_tag(job.job_id), f"node:{node}"}
@@ -328,7 +349,7 @@ def launch_on_node(
             send = keyed(send, node_key(pool.name, node))
             arguments = (job, segment, config, run_id, timeout, attempt)
             run = contextvars.copy_context().run(detached_delay, send, arguments)
-        ended = await_warm(pool, run, node, timeout)
+        ended = await_warm(pool, run, node, limit)
     finally:
         pool.placer.give(node, segment.gpus)
     if not ended:

@@ -249,7 +249,7 @@ def test_the_placer_skips_draining_nodes(monkeypatch):
     monkeypatch.setattr("flows.warm_pool.draining_nodes", lambda pool: draining)
     placer = Placer(POOL)
     # task-a would be the best fit for 1 GPU; draining, it gets nothing.
-    assert placer.take(1.0, timeout=0) == "task-b"
+    assert placer.take(1.0, timeout=0) == ("task-b", False)
     draining.clear()
     assert [node.name for node in placer.live(fresh=True)] == ["task-a", "task-b"]
 

@@ -63,6 +63,19 @@ def test_off_never_packs() -> None:
     assert execution_plan(spec, distributed=True).admission == WorkerCap(2)
 
 
+def test_only_a_worker_cap_queues_segments_ahead_on_a_warm_pool() -> None:
+    capped = execution_plan(parse_job(job()), distributed=False).queued_on_nodes()
+    assert capped.admission == WorkerCap(2, ahead=2)
+    assert capped.admission.demand([]) == (2, 1.0)  # the pool is sized as before
+    two = [Segment(t, 0, 1, rung=0) for t in range(2)]
+    assert capped.admission.may_start(Segment(2, 0, 1, rung=0), two)
+    assert str(capped.mode).endswith("workers = segments (as many more queued on nodes)")
+    packed = execution_plan(parse_job(job()), distributed=True)
+    assert packed.queued_on_nodes() is packed
+    planned = execution_plan(parse_job(job(**PLANNED)), distributed=False)
+    assert isinstance(planned.admission, StageSlots) and planned.queued_on_nodes() is planned
+
+
 @pytest.mark.parametrize(
     ("why", "sections", "distributed", "reason"),
     [

@@ -49,6 +49,7 @@ def test_segments_run_on_warm_nodes_one_per_free_slot(
 ) -> None:
     # Epochs that take a while, so that two segments on one node would overlap.
     monkeypatch.setenv("ELASTUNE_TEST_PIDS", str(tmp_path / "pids.log"))
+    monkeypatch.setenv("ELASTUNE_TEST_SPANS", str(tmp_path / "spans.log"))
     monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.5")
     job = write_job(tmp_path, trainable="tests.trainables:pid_logged_quadratic")
     built: list[set[str]] = []  # the functions on the stack where each async client was built
@@ -71,18 +72,25 @@ def test_segments_run_on_warm_nodes_one_per_free_slot(
     assert [names for names in built if "launch_client" in names]
     assert not [names for names in built if names & {"create_run", "wait_async"}]
 
-    # Each segment was a background task run on a node; a node of 1 slot never ran two at
-    # once, and the 2 workers the job had used both nodes.
+    # Each segment was a background task run on a node, and the 2 workers the job had used
+    # both nodes. The third segment of the first rung was handed out ahead and queued behind
+    # one on its node (its run overlaps that one's), yet a node of 1 slot never trained two
+    # at once: each node is one process, and its epochs never overlap.
     ours = segment_runs(summary["job_id"], warm=True)
     assert sorted(r.state_name for r in ours) == ["Completed"] * 4
-    nodes: dict[str, list] = {}
-    for run in ours:
-        (node,) = [t for t in run.tags if t.startswith("node:")]
-        nodes.setdefault(node, []).append((run.start_time, run.end_time))
-    assert sorted(nodes) == ["node:node-0", "node:node-1"]
-    for spans in nodes.values():
-        spans.sort()
-        assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans)), spans
+    assert {t for run in ours for t in run.tags if t.startswith("node:")} == {
+        "node:node-0",
+        "node:node-1",
+    }
+    assert "workers = segments (as many more queued on nodes)" in err
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for line in (tmp_path / "spans.log").read_text().splitlines():
+        pid, began, ended = line.split()
+        spans.setdefault(pid, []).append((float(began), float(ended)))
+    assert len(spans) == 2
+    for epochs in spans.values():
+        epochs.sort()
+        assert all(end <= start for (_, end), (start, _) in itertools.pairwise(epochs)), epochs
     assert_sized_and_recorded("warm", summary, tmp_path)
 
 

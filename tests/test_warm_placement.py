@@ -1,12 +1,13 @@
-"""A warm pool's placer (a segment goes, best fit, to a live node with room for its GPUs)
-and its relaunches (a segment whose node died is launched again, at most twice)."""
+"""A warm pool's placer (a segment goes, best fit, to a live node with room for its GPUs,
+else to the queue of one) and its relaunches (a segment whose node died is launched again,
+at most twice)."""
 
 from __future__ import annotations
 
 import pytest
 
 from flows.segment import Node, WorkerLost
-from flows.warm_pool import Placer, relaunched
+from flows.warm_pool import Placement, Placer, relaunched
 
 
 @pytest.fixture
@@ -19,20 +20,37 @@ def placer(monkeypatch) -> Placer:
     return Placer("warm")
 
 
-def test_segments_fill_the_tightest_node_first(placer) -> None:
-    assert [placer.take(1.0, timeout=0) for _ in range(3)] == ["small", "big", "big"]
+def test_segments_fill_the_tightest_node_first_then_queue_behind(placer) -> None:
+    taken = [placer.take(1.0, timeout=0) for _ in range(6)]
+    # Room to train first, tightest node first; then queued, as many GPUs' worth again.
+    assert taken == [
+        Placement("small", False),
+        Placement("big", False),
+        Placement("big", False),
+        Placement("small", True),
+        Placement("big", True),
+        Placement("big", True),
+    ]
     with pytest.raises(WorkerLost, match="no live node of warm pool 'warm' had 1 free GPUs"):
         placer.take(1.0, timeout=0.05)
-    placer.give("small", 1.0)
-    assert placer.take(0.5, timeout=0) == "small"
+    placer.give("small", 1.0)  # the queued one on small now trains: its queue has room
+    assert placer.take(0.5, timeout=0) == Placement("small", True)
 
 
-def test_a_segment_wider_than_any_free_node_waits(placer) -> None:
-    assert placer.take(2.0, timeout=0) == "big"
+def test_a_free_node_trains_before_a_busy_one_queues(placer) -> None:
+    assert placer.take(1.0, timeout=0) == Placement("small", False)
+    assert placer.take(1.0, timeout=0) == Placement("big", False)
+    # small's queue is the tighter fit, but big still has a free GPU.
+    assert placer.take(1.0, timeout=0) == Placement("big", False)
+
+
+def test_a_segment_wider_than_any_free_node_queues_then_waits(placer) -> None:
+    assert placer.take(2.0, timeout=0) == Placement("big", False)
+    assert placer.take(2.0, timeout=0) == Placement("big", True)
     with pytest.raises(WorkerLost):
         placer.take(2.0, timeout=0.05)
     placer.give("big", 2.0)
-    assert placer.take(2.0, timeout=0) == "big"
+    assert placer.take(2.0, timeout=0) == Placement("big", True)
 
 
 def test_a_segment_is_launched_again_while_its_node_dies(monkeypatch) -> None:

@@ -82,15 +82,20 @@ def pid_logged_quadratic(config: dict, ctx: TrialContext) -> None:
     """:func:`quadratic` that, before each epoch, appends ``pid trial epoch`` to
     $ELASTUNE_TEST_PIDS and then takes $ELASTUNE_TEST_EPOCH_SECONDS (default 1), longer while
     a file ``$ELASTUNE_TEST_PIDS.hold`` exists: a test can find the process training a
-    segment and kill it mid-segment, or hold it there."""
+    segment and kill it mid-segment, or hold it there. With $ELASTUNE_TEST_SPANS set, each
+    epoch then appends ``pid start end`` (wall-clock seconds) there."""
 
     def log(epoch: int) -> None:
         pids = os.environ["ELASTUNE_TEST_PIDS"]
         with open(pids, "a") as out:
             out.write(f"{os.getpid()} {ctx.trial} {epoch}\n")
+        began = time.time()
         time.sleep(float(os.environ.get("ELASTUNE_TEST_EPOCH_SECONDS", "1")))
         while os.path.exists(f"{pids}.hold"):
             time.sleep(0.05)
+        if spans := os.environ.get("ELASTUNE_TEST_SPANS"):
+            with open(spans, "a") as out:
+                out.write(f"{os.getpid()} {began} {time.time()}\n")
 
     quadratic(config, ctx, log)
 

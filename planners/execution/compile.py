@@ -20,14 +20,14 @@ Example (an asynchronous job: nothing to plan or pack, ``compute.workers`` segme
     ...     "scheduler": {"name": "asha", "max_resource": 9}})
     >>> execution = execution_plan(spec, distributed=False)
     >>> execution.plan is None, execution.admission
-    (True, WorkerCap(workers=2))
+    (True, WorkerCap(workers=2, ahead=0))
     >>> print(execution.mode)
     mode: not planned, not packed, workers = segments
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from planners.cost import Catalog, PlanReport, plan_job
@@ -84,6 +84,22 @@ class ExecutionPlan:
     def stage(self, segment: Segment) -> Stage | None:
         """The segment's stage; None for asynchronous schedulers."""
         return None if self.plan is None else self.plan.stage(segment.bracket, segment.rung)
+
+    def queued_on_nodes(self) -> ExecutionPlan:
+        """This plan on a pool whose nodes queue segments (a warm pool): a job capped at
+        ``compute.workers`` hands out as many more, each to wait on its node for the one
+        ahead of it to end. Planned and packed jobs keep their stages' concurrency.
+
+        >>> from planners.spec import parse_job
+        >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
+        ...     "space": {"x": {"type": "float", "low": 0, "high": 1}}})
+        >>> print(execution_plan(spec, distributed=False).queued_on_nodes().mode)
+        mode: not planned, not packed, workers = segments (as many more queued on nodes)
+        """
+        if not isinstance(self.admission, WorkerCap):
+            return self
+        mode = replace(self.mode, workers=f"{self.mode.workers} (as many more queued on nodes)")
+        return replace(self, admission=self.admission.queued_ahead(), mode=mode)
 
 
 def execution_plan(

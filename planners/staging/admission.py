@@ -5,7 +5,8 @@ Three policies, one per way a job runs; the execution plan chooses one
 (:func:`planners.execution.execution_plan`):
 
 * :class:`WorkerCap`: at most ``compute.workers`` segments at once, one GPU each
-  (asynchronous schedulers, and staged plans the cost planner did not size);
+  (asynchronous schedulers, and staged plans the cost planner did not size), and on a warm
+  pool as many more queued on their nodes;
 * :class:`StageSlots`: each stage at the concurrency the cost planner gave it, at its
   planned GPUs per trial;
 * :class:`planners.stagepack.StagePacker`: each stage's segments packed onto its GPUs by
@@ -57,16 +58,27 @@ class Admission(Protocol):
 
 @dataclass(frozen=True)
 class WorkerCap:
-    """At most ``workers`` segments at once, each at the width it was handed out with."""
+    """At most ``workers`` segments at once, each at the width it was handed out with, and
+    ``ahead`` more handed out early: on a warm pool each waits on its node and starts there
+    as a segment ends, without the driver's round trip (:meth:`queued_ahead`)."""
 
     workers: int
+    ahead: int = 0
     stages_side_by_side: ClassVar[bool] = False
 
     def may_start(self, segment: Segment, running: Sequence[Segment]) -> bool:
-        return len(running) < self.workers
+        return len(running) < self.workers + self.ahead
 
     def may_start_any(self, running: Sequence[Segment]) -> bool:
-        return len(running) < self.workers
+        return len(running) < self.workers + self.ahead
+
+    def queued_ahead(self) -> WorkerCap:
+        """The same cap with one segment queued behind each of its ``workers``.
+
+        >>> WorkerCap(2).queued_ahead().may_start_any([Segment(t, 0, 1, 0) for t in range(3)])
+        True
+        """
+        return WorkerCap(self.workers, ahead=self.workers)
 
     def width(self, segment: Segment) -> float:
         return segment.gpus
