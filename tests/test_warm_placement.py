@@ -1,12 +1,14 @@
 """A warm pool's placer (a segment goes, best fit, to a live node with room for its GPUs,
-else to the queue of one) and its relaunches (a segment whose node died is launched again,
-at most twice)."""
+else to the queue of one), its relaunches (a segment whose node died is launched again,
+at most twice), and a node's gate (a queued segment trains once its GPUs are free)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from flows.segment import Node, WorkerLost
+from flows.segment import GpuGate, Node, WorkerLost
 from flows.warm_pool import Placement, Placer, relaunched
 
 
@@ -70,3 +72,22 @@ def test_a_segment_is_launched_again_while_its_node_dies(monkeypatch) -> None:
 
     with pytest.raises(WorkerLost, match="launch 3"):
         relaunched(always_lost)
+
+
+def test_a_queued_segment_trains_once_the_gpus_it_needs_are_free() -> None:
+    gate = GpuGate(1.0)
+    with gate.held(0.1), gate.held(0.2):
+        pass  # 1.0 - 0.1 - 0.2 + 0.2 + 0.1 is not 1.0 in floats: a whole GPU must still fit
+    trained = threading.Event()
+
+    def queued() -> None:
+        with gate.held(1.0):
+            trained.set()
+
+    with gate.held(0.5):
+        waiter = threading.Thread(target=queued, daemon=True)
+        waiter.start()
+        assert not trained.wait(0.2)  # half the GPU is held: the segment waits
+    assert trained.wait(2.0)
+    waiter.join(2.0)
+    assert gate.free == pytest.approx(1.0)
