@@ -50,6 +50,7 @@ from prefect.utilities.timeout import timeout as time_limit
 
 from planners.search import Segment
 from planners.staging.devices import LocalDevices
+from planners.staging.placement import fits
 from tasks.tracking import Tracker
 from tasks.train import JobRef, SegmentReport, cuda_devices, report_name, run_segment
 
@@ -122,8 +123,7 @@ class GpuGate:
     @contextlib.contextmanager
     def held(self, gpus: float) -> Iterator[None]:
         with self._changed:
-            # Shares of a GPU (1/3 + 1/3 + 1/3) need not add up exactly in floats.
-            self._changed.wait_for(lambda: self.free >= gpus - 1e-9)
+            self._changed.wait_for(lambda: fits(self.free, gpus))
             self.free -= gpus
         try:
             yield

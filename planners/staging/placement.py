@@ -145,6 +145,16 @@ def _place(sizes: tuple[float, ...], gpus_per_node: int, nodes: int | None) -> P
     return Placement(len(free), tuple(slots), tuple(trial_slot))
 
 
+def fits(free: float, g: float) -> bool:
+    """Do ``g`` GPUs fit in ``free`` ones (shares such as 0.1 + 0.2 given back leave
+    0.9999999999999999)?
+
+    >>> fits(1.0 - 0.1 - 0.2 + 0.2 + 0.1, 1.0), fits(0.5, 1.0)
+    (True, False)
+    """
+    return free + _EPS >= g
+
+
 def best_fit(free: Sequence[float], g: float) -> int | None:
     """The node where ``g`` GPUs fit most tightly, given each node's ``free`` GPUs (the
     lowest index on a tie); None if none has room.
@@ -152,8 +162,8 @@ def best_fit(free: Sequence[float], g: float) -> int | None:
     >>> best_fit([4.0, 1.0, 2.0], 1.5), best_fit([1.0], 2.0)
     (2, None)
     """
-    fits = [n for n, f in enumerate(free) if f + _EPS >= g]
-    return min(fits, key=lambda n: (free[n], n)) if fits else None
+    room = [n for n, f in enumerate(free) if fits(f, g)]
+    return min(room, key=lambda n: (free[n], n)) if room else None
 
 
 def nodes_needed(sizes: Sequence[float], gpus_per_node: int) -> int:
