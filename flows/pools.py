@@ -33,7 +33,6 @@ from prefect.states import Cancelling
 
 from flows.segment import (
     FLOW_NAME,
-    WARM_TYPE,
     WorkerLost,
     flow_parameters,
     train_segment_flow,
@@ -43,6 +42,7 @@ from infra.backends import make_backend
 from infra.pools import read_pool, wait_for_worker
 from infra.sizing import InfraError, PoolBackend, SizingRecord
 from infra.template import gpu_job_variables
+from infra.warm_nodes import WARM_TYPE
 from planners.execution import ExecutionPlan
 from planners.search.schedulers.base import Segment
 from planners.spec import JobSpec, SpecError
@@ -114,8 +114,12 @@ def open_pool(spec: JobSpec) -> PoolTarget:
     pool = spec.compute.pool
     work_pool = read_pool(pool)
     if work_pool.type == WARM_TYPE:
-        target = open_warm_pool(pool, work_pool.base_job_template, WORKER_TIMEOUT)
-        print(f"pool: {pool}, warm workers on {len(target.placer.live())} node(s)", file=sys.stderr)
+        ecs = spec.compute.ecs
+        target = open_warm_pool(pool, work_pool.base_job_template, WORKER_TIMEOUT, ecs)
+        mode = f"pool: {pool}, warm workers on {len(target.placer.live())} node(s)"
+        if ecs:
+            mode += f" now, ECS cluster {ecs.cluster} sized stage by stage"
+        print(mode, file=sys.stderr)
         return target
     if work_pool.type not in ("process", "ecs"):
         raise InfraError(

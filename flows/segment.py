@@ -16,10 +16,7 @@ the pool's deployment, one flow run (a fresh process) per segment.
 Checkpoints and the segment's report travel through the MLflow artifact store in both modes,
 so any node can resume any trial and the driver reads the result from the same place.
 
-Example (a node's worker name, and back):
-    >>> node = Node("node-0", 2.0, 4242)
-    >>> node.worker_name, Node.parse(node.worker_name) == node
-    ('node-0/2/4242', True)
+Example (the task key of a node):
     >>> node_key("warm", "node-0")
     'elastune-segment/warm/node-0'
 """
@@ -35,7 +32,7 @@ import os
 import threading
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -48,6 +45,7 @@ from prefect.task_worker import StopTaskWorker, TaskWorker
 from prefect.tasks import Task
 from prefect.utilities.timeout import timeout as time_limit
 
+from infra.warm_nodes import HEARTBEAT_SECONDS, Node
 from planners.search import Segment
 from planners.staging.devices import LocalDevices
 from planners.staging.placement import fits
@@ -55,31 +53,10 @@ from tasks.tracking import Tracker
 from tasks.train import JobRef, SegmentReport, cuda_devices, report_name, run_segment
 
 FLOW_NAME = "train-segment"
-WARM_TYPE = "elastune-warm"  # work-pool type of a cluster of warm node workers
-HEARTBEAT_SECONDS = 1  # a node is dead once 3 heartbeats are missed (Prefect's own rule)
 
 
 class WorkerLost(RuntimeError):
     """A segment ended without a report: its worker, node or instance died."""
-
-
-@dataclass(frozen=True)
-class Node:
-    """A warm worker: its node's name, the GPUs (CPU slots) it offers and its process id
-    (a restarted worker is a new incarnation: what the dead one ran is lost)."""
-
-    name: str
-    gpus: float
-    pid: int
-
-    @property
-    def worker_name(self) -> str:
-        return f"{self.name}/{self.gpus:g}/{self.pid}"
-
-    @classmethod
-    def parse(cls, worker_name: str) -> Node:
-        name, gpus, pid = worker_name.rsplit("/", 2)
-        return cls(name, float(gpus), int(pid))
 
 
 def node_key(pool: str, node: str) -> str:
@@ -218,7 +195,7 @@ async def serve(pool: str, node: Node, storage: str, threads: int | None = None)
 def ecs_task_id(metadata_uri: str) -> str:
     """The id of the ECS task this container runs in, read from the task metadata endpoint
     v4 (``$ECS_CONTAINER_METADATA_URI_V4/task``). A DAEMON service runs one warm worker
-    per instance (docs/ecs.md, "Warm workers on ECS"), so the id names the node."""
+    per instance (docs/ecs.md, "5. The warm workers"), so the id names the node."""
     with urllib.request.urlopen(f"{metadata_uri}/task", timeout=10) as response:
         return json.load(response)["TaskARN"].rsplit("/", 1)[-1]
 

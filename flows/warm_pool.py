@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, ClassVar, NamedTuple
 from uuid import UUID
 
@@ -36,25 +35,27 @@ from prefect.tasks import Task
 from prefect.utilities.asyncutils import run_coro_as_sync
 
 from flows.segment import (
-    HEARTBEAT_SECONDS,
-    WARM_TYPE,
-    Node,
     WorkerLost,
     keyed,
     node_key,
     warm_segment,
 )
-from flows.warm_runs import draining_nodes, unfinished_runs
 from infra.backends import make_backend
 from infra.sizing import InfraError, PoolBackend
+from infra.warm_nodes import (
+    HEARTBEAT_SECONDS,
+    WARM_TYPE,
+    Node,
+    draining_nodes,
+    live_nodes,
+    unfinished_runs,
+)
 from planners.search.schedulers.base import Segment
+from planners.spec import EcsSpec
 from planners.staging.placement import best_fit
 from tasks.tracking import Tracker
 from tasks.train import JobRef, SegmentReport, report_name
 
-# A node whose last heartbeat is older is dead: Prefect's 3 missed beats, plus slack for a
-# busy machine.
-LIVE_SECONDS = 3 * HEARTBEAT_SECONDS + 2.0
 # How often a driver waiting for room on a node looks again.
 POLL_SECONDS = 0.5
 # How long a driver waits on a warm run's end event before it checks the run's node again.
@@ -64,21 +65,6 @@ RELAUNCHES = 2
 # Most segments one driver has in flight on a warm pool at once: as many as the tune
 # flow's task runner runs in other modes (flows/tune.py).
 MAX_IN_FLIGHT = 64
-
-
-def live_nodes(pool: str) -> list[Node]:
-    """The warm workers of ``pool`` whose heartbeats are fresh (a restarted node may
-    briefly show two incarnations)."""
-    with get_client(sync_client=True) as client:
-        workers = client.read_workers_for_work_pool(pool)
-    now = datetime.now(UTC)
-    return [
-        Node.parse(w.name)
-        for w in workers
-        if w.last_heartbeat_time is not None
-        and (now - w.last_heartbeat_time).total_seconds() < LIVE_SECONDS
-        and w.name.count("/") >= 2
-    ]
 
 
 class Placement(NamedTuple):
@@ -198,21 +184,25 @@ class WarmPool:
         return self.threads.submit(contextvars.copy_context().run, relaunched, launch)
 
 
-def open_warm_pool(pool: str, template: dict[str, Any], worker_timeout: float) -> WarmPool:
-    """The warm pool ``pool`` once a node lives (within ``worker_timeout`` s); its storage
-    block is in its template."""
+def open_warm_pool(
+    pool: str, template: dict[str, Any], worker_timeout: float, ecs: EcsSpec | None = None
+) -> WarmPool:
+    """The warm pool ``pool``; its storage block is in its template. With ``ecs``, the
+    cluster its workers run on is sized stage by stage (it may be at zero now); without, it
+    is open once a node lives (within ``worker_timeout`` s)."""
     storage = template.get("variables", {}).get("properties", {}).get("storage", {})
     if "default" not in storage:
         raise InfraError(
             f"compute.pool: warm pool {pool!r} names no parameter storage "
             "(create it with `python -m infra.local_cluster` or docs/ecs.md)"
         )
-    backend = make_backend("local", pool, pool_type=WARM_TYPE)
+    options = {"pool_type": WARM_TYPE} | (ecs.model_dump() if ecs else {})
+    backend = make_backend("ecs" if ecs else "local", pool, **options)
     block = Block.load(storage["default"])
     backend.check()
     placer = Placer(pool)
     deadline = time.monotonic() + worker_timeout
-    while not placer.live():
+    while ecs is None and not placer.live():
         if time.monotonic() > deadline:
             raise InfraError(
                 f"compute.pool: no warm worker of pool {pool!r} alive within "

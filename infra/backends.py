@@ -1,4 +1,5 @@
-"""The two pool backends, by name: ``local`` (limit only) and ``ecs`` (limit and EC2 capacity).
+"""The two pool backends, by name: ``local`` (limit only) and ``ecs`` (limit and EC2 capacity:
+one ECS task per segment, or on a warm pool, warm workers drained before a scale-down).
 
 Example (needs a Prefect server with a process pool ``local-proc`` and a worker)::
 
@@ -23,8 +24,10 @@ from typing import Any
 from prefect_aws import AwsCredentials
 
 from infra.ecs import EcsCapacity
+from infra.ecs_warm import WarmCapacity
 from infra.pools import WorkPoolLimit
 from infra.sizing import PoolBackend
+from infra.warm_nodes import WARM_TYPE
 
 BACKENDS = ("local", "ecs")
 
@@ -40,9 +43,13 @@ def ecs_backend(
     capacity_providers: list[str] | None = None,
     credentials: AwsCredentials | str | None = None,
     region: str | None = None,
+    pool_type: str = "ecs",
 ) -> PoolBackend:
-    """Sizes the EC2 capacity of ``cluster`` and the limit of the ``ecs`` pool ``pool``."""
+    """Sizes the EC2 capacity of ``cluster`` and the limit of ``pool``: an ``ecs`` pool (an
+    ECS task per segment), or a warm pool whose workers run on the cluster's instances."""
     capacity = EcsCapacity(cluster, capacity_providers, credentials, region)
+    if pool_type == WARM_TYPE:
+        return PoolBackend("ecs", [WarmCapacity(capacity, pool), WorkPoolLimit(pool, WARM_TYPE)])
     return PoolBackend("ecs", [capacity, WorkPoolLimit(pool, "ecs")])
 
 

@@ -136,7 +136,7 @@ class EcsCapacity(Sizer):
         self.groups: dict[str, ScalingGroup] = {}
         self._clients: dict[str, Any] = {}
         self._touched: set[str] = set()
-        self._last_stage: str | None = None
+        self.stage: str | None = None  # the stage last sized
 
     def client(self, service: str) -> Any:
         """The boto3 client of ``service`` (ecs, autoscaling, ec2), made once per backend."""
@@ -266,30 +266,41 @@ class EcsCapacity(Sizer):
             )
         return self.groups[demand.instance_type]
 
-    def _desired(self, group: ScalingGroup) -> int:
+    def desired(self, group: ScalingGroup) -> int:
+        """The desired capacity of ``group`` now."""
         return self.client("autoscaling").describe_auto_scaling_groups(
             AutoScalingGroupNames=[group.name]
         )["AutoScalingGroups"][0]["DesiredCapacity"]
 
-    def _set(self, group: ScalingGroup, stage: str, nodes: int, detail: str) -> SizingRecord:
-        before = self._desired(group)
+    def set_desired(self, group: ScalingGroup, stage: str, nodes: int, detail: str) -> SizingRecord:
+        """Set ``group``'s desired capacity to ``nodes``; the record of it."""
+        before = self.desired(group)
         # Marked before the call: if the call half-succeeds, release still covers the group.
         self._touched.add(group.name)
+        self.stage = stage
         self.client("autoscaling").set_desired_capacity(
             AutoScalingGroupName=group.name, DesiredCapacity=nodes, HonorCooldown=False
         )
         return SizingRecord(stage, f"asg {group.name}", "desired_capacity", before, nodes, detail)
 
-    def size(self, demand: Demand) -> list[SizingRecord]:
+    def target(self, demand: Demand, whole_gpus: bool = True) -> tuple[ScalingGroup, int, str]:
+        """The group ``demand``'s stage runs on, the nodes it needs there and why (the
+        sizing record's detail). ``whole_gpus``: each trial is an ECS task, which gets whole
+        GPUs; a warm node shares its GPUs between trials but never spans two nodes."""
         if not self.groups:
             self.check()
         g = demand.gpus_per_trial
-        if demand.slots and (g < 1 or not float(g).is_integer()):
+        target = self._group_for(demand)
+        if whole_gpus and demand.slots and (g < 1 or not float(g).is_integer()):
             raise CapacityError(
                 f"stage {demand.stage!r}: ECS gives whole GPUs to a task, "
                 f"gpus_per_trial must be an integer >= 1, got {g:g}"
             )
-        target = self._group_for(demand)
+        if not whole_gpus and demand.slots and not 0 < g <= target.gpus_per_node:
+            raise CapacityError(
+                f"stage {demand.stage!r}: a warm node trains a segment on 0 < GPUs <= "
+                f"{target.gpus_per_node} (a {target.instance_type}), got {g:g}"
+            )
         nodes = nodes_needed((g,) * demand.slots, target.gpus_per_node)
         if nodes > target.max_size:
             raise CapacityError(
@@ -301,11 +312,14 @@ class EcsCapacity(Sizer):
             f"{demand.slots} trials x {g:g} GPUs on {target.instance_type} "
             f"({target.gpus_per_node} GPUs/node)"
         )
-        records = [self._set(target, demand.stage, nodes, detail)]
+        return target, nodes, detail
+
+    def size(self, demand: Demand) -> list[SizingRecord]:
+        target, nodes, detail = self.target(demand)
+        records = [self.set_desired(target, demand.stage, nodes, detail)]
         for group in self.groups.values():
-            if group is not target and self._desired(group) > 0:
-                records.append(self._set(group, demand.stage, 0, "not used by this stage"))
-        self._last_stage = demand.stage
+            if group is not target and self.desired(group) > 0:
+                records.append(self.set_desired(group, demand.stage, 0, "not used by this stage"))
         return records
 
     def wait_ready(self, timeout: float = 600.0, poll: float = 5.0) -> None:
@@ -321,7 +335,7 @@ class EcsCapacity(Sizer):
                 return
             if time.monotonic() >= deadline:
                 raise CapacityError(
-                    f"after {timeout:g} s, {short} instance(s) of stage {self._last_stage!r} "
+                    f"after {timeout:g} s, {short} instance(s) of stage {self.stage!r} "
                     f"have not joined ECS cluster {self.cluster!r}; check that the launch "
                     "template uses the ECS GPU AMI and sets ECS_CLUSTER in its user data"
                 )
@@ -359,7 +373,7 @@ class EcsCapacity(Sizer):
             if group.name not in self._touched:
                 continue
             try:
-                records.append(self._set(group, RELEASE_STAGE, 0, "end of job"))
+                records.append(self.set_desired(group, RELEASE_STAGE, 0, "end of job"))
                 self._touched.discard(group.name)
             except (BotoCoreError, ClientError) as exc:
                 errors.append(CapacityError(f"could not scale {group.name!r} to zero: {exc}"))

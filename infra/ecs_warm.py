@@ -8,10 +8,13 @@ launches runs exactly one warm worker, so the groups' desired capacity is the nu
 nodes. The worker names its node after its ECS task (``--node-from-ecs``).
 
 :meth:`WarmServices.drain` removes given instances without losing a segment: their nodes
-stop getting segments (:func:`flows.warm_runs.draining_nodes`), their warm runs finish, then
+stop getting segments (:func:`infra.warm_nodes.draining_nodes`), their warm runs finish, then
 their container instances are set DRAINING and the instances terminated with the group's
 desired capacity decremented. ECS is told last because draining stops the daemon task,
-runs and all (docs/ecs.md, "Warm workers on ECS").
+runs and all (docs/ecs.md, "Draining a node").
+
+:class:`WarmCapacity` is what a job on a warm pool with ``compute.ecs`` sizes its cluster
+with: up through the Auto Scaling groups, down by draining, idle nodes first.
 
 Example (the task definition of pool ``gpu-warm``'s workers on 4-GPU instances):
     >>> worker = WarmWorker("gpu-warm", "s3-bucket/elastune-segments", "elastune-train:1",
@@ -33,10 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from flows.warm_pool import LIVE_SECONDS
-from flows.warm_runs import busy_nodes, mark_draining
 from infra.ecs import EcsCapacity, ScalingGroup, aws_errors
-from infra.sizing import CapacityError, InfraError, SizingRecord
+from infra.sizing import CapacityError, Demand, InfraError, Sizer, SizingRecord
+from infra.warm_nodes import LIVE_SECONDS, busy_nodes, draining_nodes, live_nodes, mark_draining
 
 # Pool names become part of ECS family and service names and of a Prefect variable's name.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,150}")
@@ -173,12 +175,18 @@ class WarmServices:
         return service["service"]["serviceArn"]
 
     def drain(
-        self, pool: str, instances: list[str], timeout: float = 3600.0, poll: float = 5.0
+        self,
+        pool: str,
+        instances: list[str],
+        timeout: float = 3600.0,
+        poll: float = 5.0,
+        stage: str = DRAIN_STAGE,
     ) -> list[SizingRecord]:
         """Remove EC2 ``instances`` of the cluster's groups once their warm runs are done:
         their nodes get no new segment, then (when none runs there, within ``timeout``
         s) their container instances are set DRAINING and the instances terminated, each
-        group's desired capacity decremented. One record per instance terminated."""
+        group's desired capacity decremented. One record per instance terminated, under
+        ``stage``. The nodes stay marked draining: their heartbeats go on for a moment."""
         if not instances or len(set(instances)) != len(instances):
             raise InfraError(f"instances: name distinct EC2 instance ids, got {instances!r}")
         with aws_errors("drain"):
@@ -188,12 +196,11 @@ class WarmServices:
         mark_draining(pool, nodes, draining=True)
         self._wait_idle(pool, nodes, timeout, poll)
         with aws_errors("drain"):
-            return self._remove(pool, nodes, arns, where, desired)
+            return self._remove(stage, arns, where, desired)
 
     def _remove(
         self,
-        pool: str,
-        nodes: set[str],
+        stage: str,
         arns: dict[str, str],
         where: dict[str, ScalingGroup],
         desired: dict[str, int],
@@ -212,7 +219,7 @@ class WarmServices:
             before, desired[group.name] = desired[group.name], desired[group.name] - 1
             records.append(
                 SizingRecord(
-                    DRAIN_STAGE,
+                    stage,
                     f"asg {group.name}",
                     "desired_capacity",
                     before,
@@ -220,7 +227,6 @@ class WarmServices:
                     f"terminated {instance}, drained",
                 )
             )
-        mark_draining(pool, nodes, draining=False)
         return records
 
     def _where(self, instances: list[str]) -> tuple[dict[str, ScalingGroup], dict[str, int]]:
@@ -243,6 +249,16 @@ class WarmServices:
 
     def _container_instances(self, instances: list[str]) -> dict[str, str]:
         """The container instance ARN of each EC2 instance; every one must have joined."""
+        arns = self._joined()
+        missing = [i for i in instances if i not in arns]
+        if missing:
+            raise InfraError(
+                f"instances: {missing} have not joined ECS cluster {self.capacity.cluster!r}"
+            )
+        return {i: arns[i] for i in instances}
+
+    def _joined(self) -> dict[str, str]:
+        """The container instance ARN of every EC2 instance joined to the cluster."""
         cluster = self.capacity.cluster
         pages = self.ecs.get_paginator("list_container_instances").paginate(cluster=cluster)
         listed = [arn for page in pages for arn in page["containerInstanceArns"]]
@@ -252,18 +268,29 @@ class WarmServices:
                 cluster=cluster, containerInstances=listed[i : i + 100]
             )["containerInstances"]
             arns |= {c["ec2InstanceId"]: c["containerInstanceArn"] for c in described}
-        missing = [i for i in instances if i not in arns]
-        if missing:
-            raise InfraError(f"instances: {missing} have not joined ECS cluster {cluster!r}")
-        return {i: arns[i] for i in instances}
+        return arns
 
     def _nodes_on(self, container_instances: list[str]) -> set[str]:
         """The node names on those container instances: the ids of their ECS tasks."""
-        nodes = set()
-        for arn in container_instances:
-            tasks = self.ecs.list_tasks(cluster=self.capacity.cluster, containerInstance=arn)
-            nodes |= {task.rsplit("/", 1)[-1] for task in tasks["taskArns"]}
-        return nodes
+        return {node for arn in container_instances for node in self._tasks_on(arn)}
+
+    def _tasks_on(self, container_instance: str) -> set[str]:
+        tasks = self.ecs.list_tasks(
+            cluster=self.capacity.cluster, containerInstance=container_instance
+        )
+        return {task.rsplit("/", 1)[-1] for task in tasks["taskArns"]}
+
+    def nodes_by_instance(self, group: ScalingGroup) -> dict[str, set[str]]:
+        """The in-service instances of ``group`` that joined the cluster, with the nodes
+        (ECS task ids) on each."""
+        found = self.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group.name])
+        serving = [
+            i["InstanceId"]
+            for i in found["AutoScalingGroups"][0].get("Instances", [])
+            if i["LifecycleState"] == "InService"
+        ]
+        joined = self._joined()
+        return {i: self._tasks_on(joined[i]) for i in serving if i in joined}
 
     def _wait_idle(self, pool: str, nodes: set[str], timeout: float, poll: float) -> None:
         # A driver reads the draining nodes at most a heartbeat late and may have placed a
@@ -275,6 +302,91 @@ class WarmServices:
                 raise CapacityError(
                     f"drain: after {timeout:g} s, node(s) {sorted(busy)} of pool {pool!r} still "
                     "run segments; nothing was terminated, and the nodes get no new segment "
-                    "until drain is called again or flows.warm_runs.mark_draining clears them"
+                    "until drain is called again or infra.warm_nodes.mark_draining clears them"
                 )
             time.sleep(poll)
+
+
+class WarmCapacity(Sizer):
+    """The EC2 capacity of a warm pool's ECS cluster, sized stage by stage: scaled up through
+    the stage's Auto Scaling group (as :class:`~infra.ecs.EcsCapacity` sizes it), scaled
+    down by draining nodes, idle ones first, so no segment loses its instance. Ready once a
+    warm worker heartbeats from every instance. A node trains several segments at once, so
+    a stage's trials share nodes (fractions of a GPU too), best fit.
+
+    Args:
+        capacity: the cluster's capacity: its groups and its AWS clients.
+        pool: the warm pool the cluster's workers serve.
+        drain_timeout: seconds a scale-down waits for the segments on the nodes it drains.
+        poll: seconds between looks while draining or waiting for workers.
+    """
+
+    def __init__(
+        self, capacity: EcsCapacity, pool: str, drain_timeout: float = 3600.0, poll: float = 5.0
+    ) -> None:
+        self.capacity = capacity
+        self.pool = pool
+        self.services = WarmServices(capacity)
+        self.drain_timeout = drain_timeout
+        self.poll = poll
+
+    def check(self) -> None:
+        self.capacity.check()
+
+    def size(self, demand: Demand) -> list[SizingRecord]:
+        target, nodes, detail = self.capacity.target(demand, whole_gpus=False)
+        records = []
+        with aws_errors(f"stage {demand.stage}"):
+            change = {
+                g: (nodes if g is target else 0) - self.capacity.desired(g)
+                for g in self.capacity.groups.values()
+            }
+            # Up first: new instances launch while the old ones drain.
+            for group, more in sorted(change.items(), key=lambda item: -item[1]):
+                if more > 0:
+                    records.append(self.capacity.set_desired(group, demand.stage, nodes, detail))
+                elif more < 0:
+                    records += self._shrink(group, -more, demand.stage)
+        return records
+
+    def _shrink(self, group: ScalingGroup, count: int, stage: str) -> list[SizingRecord]:
+        """Drain ``count`` instances of ``group``, those whose nodes run nothing first."""
+        on = self.services.nodes_by_instance(group)
+        busy = busy_nodes(set().union(*on.values())) if on else set()
+        ranked = sorted(on, key=lambda instance: (bool(on[instance] & busy), instance))
+        if len(ranked) < count:
+            # The Auto Scaling group would pick which instances go, busy ones maybe.
+            raise CapacityError(
+                f"stage {stage!r}: {count} instance(s) of {group.name!r} to remove, but only "
+                f"{len(ranked)} are in service and joined to ECS cluster "
+                f"{self.capacity.cluster!r}; nothing was removed"
+            )
+        return self.services.drain(self.pool, ranked[:count], self.drain_timeout, self.poll, stage)
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        """Wait until every desired instance has joined the cluster and a warm worker on
+        each heartbeats; :class:`CapacityError` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        self.capacity.wait_ready(timeout, self.poll)
+        while (missing := self._workers_missing()) > 0:
+            if time.monotonic() >= deadline:
+                raise CapacityError(
+                    f"after {timeout:g} s, {missing} instance(s) of stage "
+                    f"{self.capacity.stage!r} run no live warm worker of pool {self.pool!r}; "
+                    "check the events of its ECS services (docs/ecs.md, '5. The warm workers')"
+                )
+            time.sleep(self.poll)
+
+    def _workers_missing(self) -> int:
+        """Instances of the groups without a live warm worker that is not draining."""
+        with aws_errors("warm workers"):
+            on = {}
+            for group in self.capacity.groups.values():
+                on |= self.services.nodes_by_instance(group)
+            desired = sum(self.capacity.desired(g) for g in self.capacity.groups.values())
+        up = {node.name for node in live_nodes(self.pool)} - draining_nodes(self.pool)
+        return desired - sum(1 for nodes in on.values() if nodes & up)
+
+    def release(self) -> list[SizingRecord]:
+        """Every group to zero. The job is over: no segment of it runs any more."""
+        return self.capacity.release()

@@ -35,9 +35,9 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.filesystems import LocalFileSystem
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.segment import WARM_TYPE
 from infra.pools import read_pool
 from infra.server import die_with_parent, isolated_env, running_server, stop_group
+from infra.warm_nodes import WARM_TYPE
 
 DEFAULT_POOL = "warm"
 

@@ -19,12 +19,13 @@ from prefect.client.orchestration import get_client
 from prefect.states import Completed, Running
 
 import infra.ecs_warm
-from flows.segment import Node, ecs_task_id, main, warm_segment
+from flows.segment import ecs_task_id, main, warm_segment
 from flows.warm_pool import Placer
-from flows.warm_runs import busy_nodes, draining_nodes, mark_draining
 from infra.ecs import EcsCapacity
 from infra.ecs_warm import WarmServices, WarmWorker, family
+from infra.local_cluster import create_warm_pool
 from infra.sizing import CapacityError, InfraError
+from infra.warm_nodes import Node, busy_nodes, draining_nodes, mark_draining
 from tests.test_ecs_backend import (  # noqa: F401
     BIG,
     REGION,
@@ -159,8 +160,9 @@ def test_drain_waits_for_the_runs_then_drains_and_terminates_exactly_those(gate)
     names = warm_nodes_up(3)
     going, *staying = sorted(names)
     records = services().drain(POOL, [going], poll=0.01)
-    # The node left placement first, ECS drained only after its runs ended, then it went.
-    assert gate.marks == [({names[going]}, True), ({names[going]}, False)]
+    # The node left placement first (and stays out while its heartbeats fade), ECS drained
+    # only after its runs ended, then it went.
+    assert gate.marks == [({names[going]}, True)]
     assert gate.looks == 3
     states = {i: c["status"] for i, c in container_instances().items()}
     assert states[going] == "DRAINING"
@@ -301,7 +303,8 @@ def test_node_from_ecs_outside_ecs_is_refused(monkeypatch, capsys):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
-def test_draining_marks_and_busy_nodes_on_a_real_server():
+def test_draining_marks_and_busy_nodes_on_a_real_server(tmp_path):
+    create_warm_pool(POOL, tmp_path)
     assert draining_nodes(POOL) == set()
     mark_draining(POOL, {"task-a", "task-b"}, draining=True)
     mark_draining(POOL, {"task-b"}, draining=False)
@@ -312,5 +315,12 @@ def test_draining_marks_and_busy_nodes_on_a_real_server():
         run = client.create_task_run(tagged, None, "0", state=Running())
         assert busy_nodes({"task-a", "task-b"}) == {"task-a"}
         client.set_task_run_state(run.id, Completed(), force=True)
-    assert busy_nodes({"task-a", "task-b"}) == set()
-    mark_draining(POOL, {"task-a"}, draining=False)
+        assert busy_nodes({"task-a", "task-b"}) == set()
+        # Marking more forgets the marked nodes that send no heartbeat: their instances
+        # are gone. task-c lives.
+        client.send_worker_heartbeat(POOL, Node("task-c", 1.0, 7).worker_name, 1)
+    mark_draining(POOL, {"task-c"}, draining=True)
+    assert draining_nodes(POOL) == {"task-c"}
+    mark_draining(POOL, {"task-d"}, draining=True)
+    assert draining_nodes(POOL) == {"task-c", "task-d"}
+    mark_draining(POOL, {"task-c", "task-d"}, draining=False)

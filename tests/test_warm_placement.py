@@ -8,8 +8,9 @@ import threading
 
 import pytest
 
-from flows.segment import GpuGate, Node, WorkerLost
+from flows.segment import GpuGate, WorkerLost
 from flows.warm_pool import Placement, Placer, relaunched
+from infra.warm_nodes import Node
 
 
 @pytest.fixture

@@ -21,10 +21,11 @@ Example:
 """
 
 from planners.spec.load import apply_override, load_job, parse_job
-from planners.spec.model import JobSpec, SpecError
+from planners.spec.model import EcsSpec, JobSpec, SpecError
 from planners.spec.space import contains, distributions, make_sampler
 
 __all__ = [
+    "EcsSpec",
     "JobSpec",
     "SpecError",
     "apply_override",
