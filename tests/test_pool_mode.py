@@ -15,6 +15,7 @@ from prefect.artifacts import Artifact
 from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 
+import flows.warm_pool
 from flows.cli import main
 from infra.local_cluster import create_warm_pool
 from infra.pools import read_pool
@@ -60,6 +61,8 @@ def test_segments_run_on_warm_nodes_one_per_free_slot(
         init(self, *args, **kwargs)
 
     monkeypatch.setattr(PrefectClient, "__init__", building)
+    # A job before this one on the session's server left its launch client open.
+    monkeypatch.setattr(flows.warm_pool, "_clients", {})
     with warm_nodes(prefect_api, tmp_path / "cluster", nodes=2, gpus_per_node=1, pool="warm"):
         code = main(["run", job, "--pool", "warm", "--json", *stores])
     out, err = capsys.readouterr()
