@@ -280,13 +280,16 @@ class WarmServices:
         )
         return {task.rsplit("/", 1)[-1] for task in tasks["taskArns"]}
 
-    def nodes_by_instance(self, group: ScalingGroup) -> dict[str, set[str]]:
-        """The in-service instances of ``group`` that joined the cluster, with the nodes
+    def nodes_by_instance(self, groups: list[ScalingGroup]) -> dict[str, set[str]]:
+        """The in-service instances of ``groups`` that joined the cluster, with the nodes
         (ECS task ids) on each."""
-        found = self.autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group.name])
+        found = self.autoscaling.describe_auto_scaling_groups(
+            AutoScalingGroupNames=[group.name for group in groups]
+        )
         serving = [
             i["InstanceId"]
-            for i in found["AutoScalingGroups"][0].get("Instances", [])
+            for asg in found["AutoScalingGroups"]
+            for i in asg.get("Instances", [])
             if i["LifecycleState"] == "InService"
         ]
         joined = self._joined()
@@ -351,7 +354,7 @@ class WarmCapacity(Sizer):
 
     def _shrink(self, group: ScalingGroup, count: int, stage: str) -> list[SizingRecord]:
         """Drain ``count`` instances of ``group``, those whose nodes run nothing first."""
-        on = self.services.nodes_by_instance(group)
+        on = self.services.nodes_by_instance([group])
         busy = busy_nodes(set().union(*on.values())) if on else set()
         ranked = sorted(on, key=lambda instance: (bool(on[instance] & busy), instance))
         if len(ranked) < count:
@@ -379,11 +382,10 @@ class WarmCapacity(Sizer):
 
     def _workers_missing(self) -> int:
         """Instances of the groups without a live warm worker that is not draining."""
+        groups = list(self.capacity.groups.values())
         with aws_errors("warm workers"):
-            on = {}
-            for group in self.capacity.groups.values():
-                on |= self.services.nodes_by_instance(group)
-            desired = sum(self.capacity.desired(g) for g in self.capacity.groups.values())
+            on = self.services.nodes_by_instance(groups)
+            desired = sum(self.capacity.desired(g) for g in groups)
         up = {node.name for node in live_nodes(self.pool)} - draining_nodes(self.pool)
         return desired - sum(1 for nodes in on.values() if nodes & up)
 

@@ -94,9 +94,11 @@ def mark_draining(pool: str, nodes: set[str], draining: bool) -> None:
     nodes marked before that no longer live: their instances are gone."""
     now = draining_nodes(pool)
     if draining:
-        now &= {node.name for node in live_nodes(pool)}
-    now = now | nodes if draining else now - nodes
-    Variable.set(draining_variable(pool), sorted(now), overwrite=True)
+        live = {node.name for node in live_nodes(pool)}
+        marked = (now & live) | nodes
+    else:
+        marked = now - nodes
+    Variable.set(draining_variable(pool), sorted(marked), overwrite=True)
 
 
 def busy_nodes(nodes: set[str]) -> set[str]:

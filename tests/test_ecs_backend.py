@@ -245,22 +245,33 @@ def test_no_secret_in_logs(aws, caplog):
     assert SECRET_KEY not in repr(b.records)
 
 
-def _register_group_instances(name: str) -> None:
-    """What the ECS agent does on boot: join the cluster with the instance's identity."""
+def _register_group_instances(name: str) -> list[str]:
+    """What the ECS agent does on boot: each instance of the group not in the cluster yet
+    joins it with its identity. The container instance ARNs of those that joined now."""
     asg = boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups(
         AutoScalingGroupNames=[f"{name}-asg"]
     )["AutoScalingGroups"][0]
     ecs = boto3.client("ecs", region_name=REGION)
+    listed = ecs.list_container_instances(cluster="gpu")["containerInstanceArns"]
+    joined = set()
+    if listed:  # DescribeContainerInstances refuses an empty list
+        described = ecs.describe_container_instances(cluster="gpu", containerInstances=listed)
+        joined = {c["ec2InstanceId"] for c in described["containerInstances"]}
+    arns = []
     for instance in asg["Instances"]:
+        if instance["InstanceId"] in joined:
+            continue
         document = {
             "instanceId": instance["InstanceId"],
             "region": REGION,
             "availabilityZone": instance["AvailabilityZone"],
             "instanceType": instance["InstanceType"],
         }
-        ecs.register_container_instance(
+        registered = ecs.register_container_instance(
             cluster="gpu", instanceIdentityDocument=json.dumps(document)
         )
+        arns.append(registered["containerInstance"]["containerInstanceArn"])
+    return arns
 
 
 def test_wait_ready_needs_instances_joined_to_the_cluster(aws):

@@ -136,6 +136,31 @@ def container_instances() -> dict[str, dict]:
     return {c["ec2InstanceId"]: c for c in found["containerInstances"]}
 
 
+def tasks_on(container_instance: str) -> set[str]:
+    """The ids of the ECS tasks on a container instance."""
+    listed = ecs().list_tasks(cluster="gpu", containerInstance=container_instance)["taskArns"]
+    return {arn.rsplit("/", 1)[-1] for arn in listed}
+
+
+def join(group: str, instance_type: str) -> dict[str, str]:
+    """The ECS agent and the DAEMON scheduler: each instance of ``group`` not yet in the
+    cluster joins it and gets its warm task. The node (task id) on each joined instance of
+    the group."""
+    for arn in _register_group_instances(group):
+        ecs().start_task(
+            cluster="gpu", taskDefinition=family(POOL, instance_type), containerInstances=[arn]
+        )
+    asg = boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups(
+        AutoScalingGroupNames=[f"{group}-asg"]
+    )["AutoScalingGroups"][0]
+    serving = {i["InstanceId"] for i in asg["Instances"]}
+    return {
+        i: next(iter(tasks_on(c["containerInstanceArn"])))
+        for i, c in container_instances().items()
+        if i in serving
+    }
+
+
 def warm_nodes_up(nodes: int) -> dict[str, str]:
     """``nodes`` big instances joined to the cluster, each running its warm task, as the
     DAEMON service would; the node name (task id) on each instance."""
@@ -143,16 +168,7 @@ def warm_nodes_up(nodes: int) -> dict[str, str]:
     boto3.client("autoscaling", region_name=REGION).set_desired_capacity(
         AutoScalingGroupName="big-asg", DesiredCapacity=nodes
     )
-    _register_group_instances("big")
-    names = {}
-    for instance, described in container_instances().items():
-        started = ecs().start_task(
-            cluster="gpu",
-            taskDefinition=family(POOL, BIG),
-            containerInstances=[described["containerInstanceArn"]],
-        )
-        names[instance] = started["tasks"][0]["taskArn"].rsplit("/", 1)[-1]
-    return names
+    return join("big", BIG)
 
 
 @pytest.mark.usefixtures("aws")
@@ -304,11 +320,12 @@ def test_node_from_ecs_outside_ecs_is_refused(monkeypatch, capsys):
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_draining_marks_and_busy_nodes_on_a_real_server(tmp_path):
-    create_warm_pool(POOL, tmp_path)
-    assert draining_nodes(POOL) == set()
-    mark_draining(POOL, {"task-a", "task-b"}, draining=True)
-    mark_draining(POOL, {"task-b"}, draining=False)
-    assert draining_nodes(POOL) == {"task-a"}
+    pool = "drain-marks"  # a pool of its own: other tests drain nodes of POOL
+    create_warm_pool(pool, tmp_path)
+    assert draining_nodes(pool) == set()
+    mark_draining(pool, {"task-a", "task-b"}, draining=True)
+    mark_draining(pool, {"task-b"}, draining=False)
+    assert draining_nodes(pool) == {"task-a"}
     assert draining_nodes("other-pool") == set()
     tagged = warm_segment.with_options(tags={"node:task-a"})
     with get_client(sync_client=True) as client:
@@ -318,9 +335,9 @@ def test_draining_marks_and_busy_nodes_on_a_real_server(tmp_path):
         assert busy_nodes({"task-a", "task-b"}) == set()
         # Marking more forgets the marked nodes that send no heartbeat: their instances
         # are gone. task-c lives.
-        client.send_worker_heartbeat(POOL, Node("task-c", 1.0, 7).worker_name, 1)
-    mark_draining(POOL, {"task-c"}, draining=True)
-    assert draining_nodes(POOL) == {"task-c"}
-    mark_draining(POOL, {"task-d"}, draining=True)
-    assert draining_nodes(POOL) == {"task-c", "task-d"}
-    mark_draining(POOL, {"task-c", "task-d"}, draining=False)
+        client.send_worker_heartbeat(pool, Node("task-c", 1.0, 7).worker_name, 1)
+    mark_draining(pool, {"task-c"}, draining=True)
+    assert draining_nodes(pool) == {"task-c"}
+    mark_draining(pool, {"task-d"}, draining=True)
+    assert draining_nodes(pool) == {"task-c", "task-d"}
+    mark_draining(pool, {"task-c", "task-d"}, draining=False)

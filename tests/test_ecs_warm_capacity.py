@@ -25,7 +25,7 @@ import infra.ecs_warm
 from flows.cli import main
 from infra.backends import make_backend
 from infra.ecs import EcsCapacity
-from infra.ecs_warm import WarmCapacity, WarmServices, family
+from infra.ecs_warm import WarmCapacity, WarmServices
 from infra.local_cluster import NodeProcess, create_warm_pool
 from infra.pools import WorkPoolLimit
 from infra.server import isolated_env, stop_group
@@ -33,7 +33,7 @@ from infra.sizing import CapacityError, Demand
 from infra.warm_nodes import WARM_TYPE, Node
 from tests.prefect_server import segment_runs
 from tests.test_ecs_backend import BIG, REGION, SMALL, aws, desired, fast_moto  # noqa: F401
-from tests.test_ecs_warm import POOL, WORKER, container_instances, ecs
+from tests.test_ecs_warm import POOL, WORKER, container_instances, join, tasks_on
 from tests.test_pool_mode import JOB
 
 
@@ -75,43 +75,6 @@ def nodes(monkeypatch, aws) -> Nodes:  # noqa: F811
     monkeypatch.setattr(infra.ecs_warm, "LIVE_SECONDS", 0.0)
     WarmServices(EcsCapacity("gpu")).deploy(WORKER)
     return fake
-
-
-def tasks_on(container_instance: str) -> set[str]:
-    listed = ecs().list_tasks(cluster="gpu", containerInstance=container_instance)["taskArns"]
-    return {arn.rsplit("/", 1)[-1] for arn in listed}
-
-
-def join(group: str, instance_type: str) -> dict[str, str]:
-    """The ECS agent and the DAEMON scheduler: each instance of ``group`` not yet in the
-    cluster joins it and gets its warm task. The node (task id) on each joined instance."""
-    asg = boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups(
-        AutoScalingGroupNames=[f"{group}-asg"]
-    )["AutoScalingGroups"][0]
-    joined = container_instances()
-    for instance in asg["Instances"]:
-        if instance["InstanceId"] in joined:
-            continue
-        document = {
-            "instanceId": instance["InstanceId"],
-            "region": REGION,
-            "availabilityZone": instance["AvailabilityZone"],
-            "instanceType": instance["InstanceType"],
-        }
-        arn = ecs().register_container_instance(
-            cluster="gpu", instanceIdentityDocument=json.dumps(document)
-        )["containerInstance"]["containerInstanceArn"]
-        ecs().start_task(
-            cluster="gpu",
-            taskDefinition=family(POOL, instance_type),
-            containerInstances=[arn],
-        )
-    serving = {i["InstanceId"] for i in asg["Instances"]}
-    return {
-        i: next(iter(tasks_on(c["containerInstanceArn"])))
-        for i, c in container_instances().items()
-        if i in serving
-    }
 
 
 def capacity() -> WarmCapacity:
