@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULT = ROOT / "benchmarks" / "results" / "overhead.json"
 
+from flows.ephemeral import RECORDER_BATCHES  # noqa: E402  (after the path)
+
 
 def median_seconds(call: Callable[[], Any], repeat: int) -> float:
     times = []
@@ -186,6 +188,8 @@ def main() -> int:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # no line per task run
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    for name, value in RECORDER_BATCHES.items():  # as elastune run's own server
+        os.environ.setdefault(name, value)
     with tempfile.TemporaryDirectory() as tmp:
         costs = tracking_costs(Path(tmp))
     costs.update(task_run_costs())

@@ -139,10 +139,21 @@ def test_a_command_points_prefect_at_its_server_and_back(tmp_path: Path) -> None
     thread, without Prefect's server module (1.2-1.7 s to import) or a server of Prefect's
     own; afterwards its events worker is gone and the settings are back, so a later command
     of the process that names another server reaches that one."""
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(tmp_path))
+    stdout = run_script(POINTED, tmp_path)
+    assert stdout.split("\n")[:3] == ["True True", "None 0", "False"], stdout
+
+
+def run_script(script: str, home: Path, **settings: str) -> str:
+    """The standard output of ``script`` run by a fresh Python with no Prefect server
+    settings of this process, its Prefect home ``home`` and ``settings`` added."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != "PREFECT_API_URL" and not k.startswith("PREFECT_SERVER_SERVICES")
+    }
+    env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(home), **settings)
     done = subprocess.run(
-        [sys.executable, "-c", POINTED],
+        [sys.executable, "-c", script],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -150,4 +161,48 @@ def test_a_command_points_prefect_at_its_server_and_back(tmp_path: Path) -> None
         timeout=180,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[:3] == ["True True", "None 0", "False"], done.stdout
+    return done.stdout
+
+
+# A process that runs a flow of task runs on the early server, then reads what it recorded.
+RECORDED = """
+import time
+from prefect import flow, task
+from prefect.client.orchestration import get_client
+from flows.ephemeral import early_server
+
+@task
+def nothing() -> None:
+    return None
+
+@flow
+def twenty() -> None:
+    for _ in range(20):
+        nothing.submit().result()
+
+with early_server() as ready:
+    ready()
+    twenty()
+    with get_client(sync_client=True) as client:
+        recorder = client.request("GET", "/admin/settings").json()["server"]["services"][
+            "task_run_recorder"
+        ]
+        deadline = time.monotonic() + 10
+        while True:
+            runs = client.read_task_runs()
+            if sum(r.state_name == "Completed" for r in runs) == 20 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+print(recorder["batch_size"], recorder["flush_interval"], len(runs))
+"""
+
+
+@pytest.mark.parametrize(("users", "expected"), [(None, "100 1.0 20"), ("7", "7 1.0 20")])
+def test_the_server_records_task_runs_in_batches_and_all_of_them(
+    tmp_path: Path, users: str | None, expected: str
+) -> None:
+    """The command's server writes task-run states in batches (a second late at most), a
+    user's own setting wins, and every task run of the flow is recorded."""
+    ours = {} if users is None else {"PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": users}
+    stdout = run_script(RECORDED, tmp_path, **ours)
+    assert stdout.strip().splitlines()[-1] == expected, stdout
