@@ -14,7 +14,8 @@ Measured one piece at a time, on the stores a job uses (MLflow and Optuna on SQL
   and the Prefect server (the ephemeral server this script starts, its CPU read from
   ``/proc``, with 15 s left after the last task run for it to record the events);
 - the sampler's ``ask`` after ``n`` finished trials, for ``tpe`` and ``mf-tpe``, with the
-  digits search space.
+  digits search space, in memory; and mf-tpe's on SQLite beside ``n`` trials paused at a
+  rung, as a job's study holds them.
 
 Beside them, one epoch of the digits CNN (width 32) on this machine, the training the
 bookkeeping is paid for. Run: ``python benchmarks/overhead.py`` (no ``PREFECT_API_URL``);
@@ -184,6 +185,27 @@ def sampler_costs() -> dict[str, dict[int, float]]:
     return out
 
 
+def paused_ask_costs(tmp: Path) -> dict[int, float]:
+    """Seconds per mf-tpe ask on a SQLite study (as a job keeps it) holding n trials paused
+    at a rung: Optuna keeps them running, and its cached storage reads every running trial
+    back from the database each time the study's trials are read."""
+    import optuna
+
+    from planners.spec import distributions, load_job, make_sampler
+
+    spec = load_job(ROOT / "examples" / "digits.yaml", ["sampler.name=mf-tpe"])
+    study = optuna.create_study(storage=f"sqlite:///{tmp}/paused.db", sampler=make_sampler(spec))
+    space = distributions(spec)
+    costs: dict[int, float] = {}
+    for n in (10, 100, 300, 1000):
+        while len(study.trials) < n:
+            trial = study.ask(space)
+            for step in (1, 2, 3):  # a rung's intermediate values, then paused
+                trial.report(0.5, step)
+        costs[n] = median_seconds(lambda: study.tell(study.ask(space), 0.5), 5)
+    return costs
+
+
 def main() -> int:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # no line per task run
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -194,6 +216,8 @@ def main() -> int:
         costs = tracking_costs(Path(tmp))
     costs.update(task_run_costs())
     samplers = sampler_costs()
+    with tempfile.TemporaryDirectory() as tmp:
+        samplers["mf-tpe, SQLite, n paused"] = paused_ask_costs(Path(tmp))
     result = {
         "seconds": {k: round(v, 4) for k, v in costs.items()},
         "sampler_ask_seconds": {
