@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import math
 import os
@@ -218,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
         if not uri:
             parser.error("--node-from-ecs: ECS_CONTAINER_METADATA_URI_V4 is not set (not on ECS?)")
         name = ecs_task_id(uri)
+    # What the node imported (torch, Prefect: about a million objects) is left out of the
+    # full collections that would each stop its segments' threads (flows/cli.py).
+    gc.freeze()
     # SIGTERM (the cluster stopping) ends the worker through StopTaskWorker: a clean exit.
     with contextlib.suppress(StopTaskWorker):
         node = Node(name, args.gpus, os.getpid())

@@ -19,15 +19,14 @@ Example (needs a Prefect server with a process pool ``local-proc`` and a worker)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prefect_aws import AwsCredentials
-
-from infra.ecs import EcsCapacity
-from infra.ecs_warm import WarmCapacity
 from infra.pools import WorkPoolLimit
 from infra.sizing import PoolBackend
 from infra.warm_nodes import WARM_TYPE
+
+if TYPE_CHECKING:
+    from prefect_aws import AwsCredentials
 
 BACKENDS = ("local", "ecs")
 
@@ -47,6 +46,10 @@ def ecs_backend(
 ) -> PoolBackend:
     """Sizes the EC2 capacity of ``cluster`` and the limit of ``pool``: an ``ecs`` pool (an
     ECS task per segment), or a warm pool whose workers run on the cluster's instances."""
+    # boto3 and prefect-aws take 0.4 s to import: a job on this machine never does.
+    from infra.ecs import EcsCapacity
+    from infra.ecs_warm import WarmCapacity
+
     capacity = EcsCapacity(cluster, capacity_providers, credentials, region)
     if pool_type == WARM_TYPE:
         return PoolBackend("ecs", [WarmCapacity(capacity, pool), WorkPoolLimit(pool, WARM_TYPE)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -95,6 +96,21 @@ def test_tiny_job_end_to_end(tmp_path, stores, capsys) -> None:
     board = Artifact.get(f"{summary['job_id']}-leaderboard")
     assert board is not None and board.type == "table"
     assert Artifact.get(f"{summary['job_id']}-plan").type == "markdown"
+
+
+def test_a_job_trains_with_its_start_frozen_out_of_collections(tmp_path, stores, capsys) -> None:
+    """The command imports with Python's collector paused; its trials train with it on and
+    the objects made by the start frozen (full collections do not walk them again); after
+    the command the process collects as before (flows/cli.py)."""
+    gc.collect()  # what the test process left, so that the freeze below is the command's
+    code, summary, err = run_job(
+        tmp_path, stores, capsys, trainable="tests.trainables:collector", compute={"workers": 1}
+    )
+    assert code == 0, err
+    seen = [r.data.metrics for r in child_runs(tmp_path, summary["mlflow_run_id"])]
+    assert seen and all(m["gc_on"] == 1.0 for m in seen)
+    assert all(m["frozen"] > 10_000 for m in seen)  # the imports' objects: about a million
+    assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
 def test_asha_promotes_by_resuming_from_checkpoints(tmp_path, stores, capsys) -> None:

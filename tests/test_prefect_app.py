@@ -4,6 +4,7 @@ transactions begin IMMEDIATE, so a burst of writers waits its turn instead of ge
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import uuid
 from pathlib import Path
@@ -71,7 +72,12 @@ def test_the_ephemeral_app_and_the_cli_apply_it(monkeypatch: pytest.MonkeyPatch)
     import prefect.server.api.server
 
     monkeypatch.setattr(prefect.server.api.server, "create_app", lambda: "prefect's app")
-    assert prefect_app.create_app() == "prefect's app"
+    try:
+        assert prefect_app.create_app() == "prefect's app"
+        # The server process's imports are left out of its later full collections.
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()  # this test's process goes on
     assert AioSqliteConfiguration.begin_transaction.immediate
 
     monkeypatch.setattr(AioSqliteConfiguration, "begin_transaction", BEGIN)

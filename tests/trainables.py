@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -83,7 +84,8 @@ def pid_logged_quadratic(config: dict, ctx: TrialContext) -> None:
     $ELASTUNE_TEST_PIDS and then takes $ELASTUNE_TEST_EPOCH_SECONDS (default 1), longer while
     a file ``$ELASTUNE_TEST_PIDS.hold`` exists: a test can find the process training a
     segment and kill it mid-segment, or hold it there. With $ELASTUNE_TEST_SPANS set, each
-    epoch then appends ``pid start end`` (wall-clock seconds) there."""
+    epoch then appends ``pid start end frozen`` there (wall-clock seconds, and how many
+    objects the process's garbage collector leaves out)."""
 
     def log(epoch: int) -> None:
         pids = os.environ["ELASTUNE_TEST_PIDS"]
@@ -95,7 +97,7 @@ def pid_logged_quadratic(config: dict, ctx: TrialContext) -> None:
             time.sleep(0.05)
         if spans := os.environ.get("ELASTUNE_TEST_SPANS"):
             with open(spans, "a") as out:
-                out.write(f"{os.getpid()} {began} {time.time()}\n")
+                out.write(f"{os.getpid()} {began} {time.time()} {gc.get_freeze_count()}\n")
 
     quadratic(config, ctx, log)
 
@@ -168,3 +170,12 @@ def seeded_init(config: dict, ctx: TrialContext) -> None:
         weight = torch.nn.Linear(1, 1).weight.item()
     for _ in ctx.range(ctx.restore()):
         ctx.report(val_accuracy=weight)
+
+
+def collector(config: dict, ctx: TrialContext) -> None:
+    """Reports whether Python's cyclic garbage collector is on and how many objects it
+    leaves out (frozen), from inside the job."""
+    for _ in ctx.range(ctx.restore()):
+        ctx.report(
+            val_accuracy=config["x"], gc_on=float(gc.isenabled()), frozen=gc.get_freeze_count()
+        )
