@@ -7,8 +7,9 @@ thread's CPU time since the last wake (``time.pthread_getcpuclockid``) to the st
 thread is in, so it sees every thread (training threads, the driver, Prefect's) and counts
 CPU, not waiting. Stacks are summed into parts (the training epochs, ``ctx``'s
 bookkeeping, the driver's steps, Prefect, imports). Beside it, wall-clock timers around
-the driver's and the segment's steps give the seconds per call, and the Prefect server's
-CPU is read from ``/proc``.
+the driver's and the segment's steps give the seconds per call, Python's garbage collections
+are counted and timed by generation (each stops every thread of the process), and the
+Prefect server's CPU is read from ``/proc``.
 
     python benchmarks/profile_job.py [--seconds 60]
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import os
 import runpy
@@ -115,17 +117,34 @@ def profile_this_process(out: Path) -> None:
 
         return wrapper
 
+    collected: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    began = [0.0]
+
+    def collection(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+            return
+        took, seen = time.perf_counter() - began[0], collected[info["generation"]]
+        seen[0], seen[1], seen[2] = seen[0] + 1, seen[1] + took, max(seen[2], took)
+
+    gc.callbacks.append(collection)
+    gc.disable()  # these imports are the command's own, which starts without collections
     for module_name, owner_name, name in TIMED:
         module = importlib.import_module(module_name)
         owner = module if owner_name is None else getattr(module, owner_name)
         setattr(owner, name, timed(getattr(owner, name), f"{owner_name or module_name}.{name}"))
+    gc.enable()
 
     def dump(*_: Any) -> None:
         calls = {
             k: {"calls": n, "ms_per_call": round(1000 * s / n, 1)} for k, (n, s) in walls.items()
         }
+        gcs = {
+            str(g): {"count": n, "seconds": round(s, 3), "longest_ms": round(1000 * most, 1)}
+            for g, (n, s, most) in sorted(collected.items())
+        }
         data = {"cpu_by_part": dict(cpu), "process_cpu": time.process_time(), "steps": calls}
-        out.write_text(json.dumps(data))
+        out.write_text(json.dumps({**data, "collections": gcs}))
 
     signal.signal(signal.SIGUSR1, dump)
     threading.Thread(target=sample, daemon=True).start()
@@ -172,6 +191,7 @@ def run(seconds: float) -> dict[str, Any]:
         },
         "driver_cpu_seconds_sampled": round(total, 1),
         "steps": data["steps"],
+        "collections_by_generation": data["collections"],
     }
 
 
@@ -192,6 +212,11 @@ def main() -> int:
         print(f"  {name:<48}{share:>7.1%}")
     for name, step in sorted(result["steps"].items()):
         print(f"  {name:<32}{step['calls']:>6} calls {step['ms_per_call']:>9.1f} ms each")
+    for generation, seen in result["collections_by_generation"].items():
+        print(
+            f"  garbage collections, generation {generation}: {seen['count']}, "
+            f"{seen['seconds']} s, the longest {seen['longest_ms']} ms"
+        )
     RESULT.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULT}")
     return 0

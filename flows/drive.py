@@ -14,6 +14,7 @@ import contextlib
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -39,6 +40,25 @@ def artifact_key(job_id: str, what: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"{job_id}-{what}".lower())
 
 
+# The longest a thread that wants the interpreter lock waits while another runs Python
+# (Python's default: 5 ms). A local segment's thread wants it back after every torch call,
+# while the driver's steps and the other segments' Python hold it: 0.5 ms let its epochs
+# run 84% of their wall time on the CPU instead of 75% (docs/benchmarks.md, "Inside the
+# segments").
+LOCAL_SWITCH_SECONDS = 0.0005
+
+
+@contextlib.contextmanager
+def local_switch_interval() -> Iterator[None]:
+    """:data:`LOCAL_SWITCH_SECONDS` while a local job's segments train; then as before."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(LOCAL_SWITCH_SECONDS)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
 def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
     """Run a job's segments until its scheduler has nothing left; returns the summary."""
     spec, execution = job.spec, job.execution
@@ -57,7 +77,7 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
     try:
         total = None if execution.plan is None else execution.plan.segments
         with (
-            pool.backend if pool is not None else contextlib.nullcontext(),
+            pool.backend if pool is not None else local_switch_interval(),
             JobProgress(spec.metric, total) as progress,
         ):
             run_segments(job, launcher, sizer, pending, progress, story, held, flight)

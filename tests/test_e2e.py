@@ -98,11 +98,13 @@ def test_tiny_job_end_to_end(tmp_path, stores, capsys) -> None:
     assert Artifact.get(f"{summary['job_id']}-plan").type == "markdown"
 
 
-def test_a_job_trains_with_its_start_frozen_out_of_collections(tmp_path, stores, capsys) -> None:
-    """The command imports with Python's collector paused; its trials train with it on and
-    the objects made by the start frozen (full collections do not walk them again); after
-    the command the process collects as before (flows/cli.py)."""
+def test_a_job_trains_with_its_start_frozen_and_short_switches(tmp_path, stores, capsys) -> None:
+    """The command imports with Python's collector paused; its trials train with it on, the
+    objects made by the start frozen (full collections do not walk them again) and the
+    interpreter lock switching every 0.5 ms; after the command the process collects and
+    switches as before (flows/cli.py, flows/drive.py)."""
     gc.collect()  # what the test process left, so that the freeze below is the command's
+    switch = sys.getswitchinterval()
     code, summary, err = run_job(
         tmp_path, stores, capsys, trainable="tests.trainables:collector", compute={"workers": 1}
     )
@@ -110,7 +112,9 @@ def test_a_job_trains_with_its_start_frozen_out_of_collections(tmp_path, stores,
     seen = [r.data.metrics for r in child_runs(tmp_path, summary["mlflow_run_id"])]
     assert seen and all(m["gc_on"] == 1.0 for m in seen)
     assert all(m["frozen"] > 10_000 for m in seen)  # the imports' objects: about a million
+    assert all(m["switch"] == pytest.approx(0.0005) for m in seen)
     assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert sys.getswitchinterval() == switch
 
 
 def test_asha_promotes_by_resuming_from_checkpoints(tmp_path, stores, capsys) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -173,9 +174,8 @@ def seeded_init(config: dict, ctx: TrialContext) -> None:
 
 
 def collector(config: dict, ctx: TrialContext) -> None:
-    """Reports whether Python's cyclic garbage collector is on and how many objects it
-    leaves out (frozen), from inside the job."""
+    """Reports, from inside the job, whether Python's cyclic garbage collector is on, how
+    many objects it leaves out (frozen) and the interpreter's switch interval."""
     for _ in ctx.range(ctx.restore()):
-        ctx.report(
-            val_accuracy=config["x"], gc_on=float(gc.isenabled()), frozen=gc.get_freeze_count()
-        )
+        frozen, switch = gc.get_freeze_count(), sys.getswitchinterval()
+        ctx.report(val_accuracy=config["x"], gc_on=gc.isenabled(), frozen=frozen, switch=switch)
