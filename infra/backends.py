@@ -46,7 +46,7 @@ def ecs_backend(
 ) -> PoolBackend:
     """Sizes the EC2 capacity of ``cluster`` and the limit of ``pool``: an ``ecs`` pool (an
     ECS task per segment), or a warm pool whose workers run on the cluster's instances."""
-    # boto3 and prefect-aws take 0.4 s to import: a job on this machine never does.
+    # boto3 and prefect-aws take 0.4 s to import: a job without ECS never does.
     from infra.ecs import EcsCapacity
     from infra.ecs_warm import WarmCapacity
 
