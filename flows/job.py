@@ -24,6 +24,7 @@ from planners.search import StudyJournal, TuningLoop
 from planners.search.schedulers.base import Action, Decision, Segment
 from planners.spec import JobSpec, SpecError, make_sampler
 from tasks.stores import check_storage, first_use, local_uri
+from tasks.study_storage import driver_storage
 from tasks.tracking import Tracker, check_tracking_uri
 from tasks.train import JobRef, SegmentReport
 
@@ -89,7 +90,7 @@ class Job:
         with first_use(storage):
             study = optuna.create_study(
                 study_name=job_id,
-                storage=storage,
+                storage=driver_storage(storage),
                 direction="maximize" if spec.mode == "max" else "minimize",
                 sampler=make_sampler(spec),
             )

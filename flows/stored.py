@@ -11,6 +11,7 @@ import optuna
 
 from planners.spec import JobSpec, SpecError, parse_job
 from tasks.stores import check_storage, local_uri, sqlite_path
+from tasks.study_storage import driver_storage
 
 # Where a job keeps what resume needs: the spec and parent run on the study, each trial's
 # MLflow run on its Optuna trial; and, once it finished, when and its summary.
@@ -44,7 +45,7 @@ def stored_job(job_id: str, storage: str, field: str = "storage") -> StoredJob:
     if database is not None and not database.exists():  # load_study would create it
         raise SpecError(f"job id: no job {job_id!r} in {storage} (no such database)")
     try:
-        study = optuna.load_study(study_name=job_id, storage=url)
+        study = optuna.load_study(study_name=job_id, storage=driver_storage(url))
     except KeyError:
         raise SpecError(f"job id: no job {job_id!r} in {storage}") from None
     attrs = study.user_attrs  # one read of the storage
