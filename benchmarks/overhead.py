@@ -14,8 +14,9 @@ Measured one piece at a time, on the stores a job uses (MLflow and Optuna on SQL
   and the Prefect server (the ephemeral server this script starts, its CPU read from
   ``/proc``, with 15 s left after the last task run for it to record the events);
 - the sampler's ``ask`` after ``n`` finished trials, for ``tpe`` and ``mf-tpe``, with the
-  digits search space, in memory; and mf-tpe's on SQLite beside ``n`` trials paused at a
-  rung, as a job's study holds them.
+  digits search space, in memory; and mf-tpe's ask and tell on SQLite beside ``n`` trials
+  paused at a rung, as a job's study holds them: on Optuna's own storage for a database URL
+  and on the one a job's driver uses (``tasks/study_storage.py``).
 
 Beside them, one epoch of the digits CNN (width 32) on this machine, the training the
 bookkeeping is paid for. Run: ``python benchmarks/overhead.py`` (no ``PREFECT_API_URL``);
@@ -185,16 +186,20 @@ def sampler_costs() -> dict[str, dict[int, float]]:
     return out
 
 
-def paused_ask_costs(tmp: Path) -> dict[int, float]:
-    """Seconds per mf-tpe ask on a SQLite study (as a job keeps it) holding n trials paused
-    at a rung: Optuna keeps them running, and its cached storage reads every running trial
-    back from the database each time the study's trials are read."""
+def paused_ask_costs(tmp: Path, driver: bool) -> dict[int, float]:
+    """Seconds per mf-tpe ask and tell on a SQLite study holding n trials paused at a rung
+    (Optuna keeps them running): on Optuna's cached storage, which reads every running
+    trial back from the database each time the study's trials are read, or (``driver``) on
+    the storage a job's driver uses, which reads them from memory."""
     import optuna
 
     from planners.spec import distributions, load_job, make_sampler
+    from tasks.study_storage import driver_storage
 
     spec = load_job(ROOT / "examples" / "digits.yaml", ["sampler.name=mf-tpe"])
-    study = optuna.create_study(storage=f"sqlite:///{tmp}/paused.db", sampler=make_sampler(spec))
+    url = f"sqlite:///{tmp}/paused-{driver}.db"
+    storage = driver_storage(url) if driver else url
+    study = optuna.create_study(storage=storage, sampler=make_sampler(spec))
     space = distributions(spec)
     costs: dict[int, float] = {}
     for n in (10, 100, 300, 1000):
@@ -217,7 +222,8 @@ def main() -> int:
     costs.update(task_run_costs())
     samplers = sampler_costs()
     with tempfile.TemporaryDirectory() as tmp:
-        samplers["mf-tpe, SQLite, n paused"] = paused_ask_costs(Path(tmp))
+        samplers["mf-tpe, SQLite (Optuna), n paused"] = paused_ask_costs(Path(tmp), False)
+        samplers["mf-tpe, SQLite (driver), n paused"] = paused_ask_costs(Path(tmp), True)
     result = {
         "seconds": {k: round(v, 4) for k, v in costs.items()},
         "sampler_ask_seconds": {

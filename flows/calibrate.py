@@ -23,15 +23,17 @@ a difference of a fraction of a second measures nothing), up to :data:`MAX_LEVEL
 waves of one level with 2 waves resumed. Each runs :data:`REPEATS` times: :func:`solve`
 recovers ``F``, ``o``, ``c`` and ``t`` from the medians (one run the machine slowed moves
 nothing: two runs of one job differed by up to 28%), and the walls' spread around their
-own job's mean is the run-to-run spread of a job (``job_overhead_sd``: the server's start,
-imports and dispatch jitter), which puts the forecast's p95 above its p50 even for a
-trainable whose units never vary.
+own job's mean is the run-to-run spread of a job (:func:`spread`): a part the same for
+every job (``job_overhead_sd``: the server's start, imports and dispatch jitter) and a part
+in proportion to its segments' seconds (``run_cv``: the machine faster or slower for a
+whole run, which a long job's many segments do not average away). Both put the forecast's
+p95 above its p50 even for a trainable whose units never vary.
 
 Example (walls of F = 3, o = 0.4, c = 0.1, t = 0.2 at a first level of 1 unit):
     >>> walls = {Run(1, 1): [3.7], Run(4, 1): [5.8], Run(4, 3): [7.4], Run(4, 1, True): [7.0]}
     >>> solve(walls, 1.0, 0.3)  # doctest: +NORMALIZE_WHITESPACE
     {'seconds_per_unit': 0.2, 'overhead_s': 0.4, 'trial_overhead_s': 0.1,
-     'job_overhead_s': 3.0, 'job_overhead_sd': 0.0}
+     'job_overhead_s': 3.0, 'job_overhead_sd': 0.0, 'run_cv': 0.0}
     >>> runs(1.0, 0.05)[2].label  # 1.25 s more per segment takes 26 levels of 0.05 s
     '4 waves x 26 levels'
     >>> runs(1.0, 0.05)[3].label
@@ -49,6 +51,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import yaml
 
 from planners.spec import JobSpec, SpecError
@@ -149,15 +152,37 @@ def solve(walls: dict[Run, list[float]], level: float, fallback_t: float) -> dic
     new = wave + (resumed.levels - one.levels) * level * t  # its new trials' waves
     again = (fourth - job - resumed.waves * new) / resumed.resumed
     overhead = max(0.0, again - resumed.levels * level * t)
-    squares = sum((w - statistics.fmean(ws)) ** 2 for ws in walls.values() for w in ws)
-    dof = sum(len(ws) - 1 for ws in walls.values())
+    fixed, relative = spread(walls, max(0.0, job))
     return {
         "seconds_per_unit": round(t, 6),
         "overhead_s": round(overhead, 4),
         "trial_overhead_s": round(max(0.0, wave - one.levels * level * t - overhead), 4),
         "job_overhead_s": round(max(0.0, job), 4),
-        "job_overhead_sd": round(math.sqrt(squares / dof), 4) if dof else 0.0,
+        "job_overhead_sd": round(fixed, 4),
+        "run_cv": round(relative, 4),
     }
+
+
+def spread(walls: dict[Run, list[float]], job: float) -> tuple[float, float]:
+    """The run-to-run spread of a job's wall, ``a`` seconds whatever its length (the
+    start) and ``c`` times its segments' seconds (the machine's speed during the run):
+    each job's variance over its repeats is ``a**2 + (c * s)**2``, ``s`` its mean wall less
+    ``job``; fitted by least squares, neither part negative. No repeats: no spread."""
+    rows = [
+        (statistics.variance(ws), (statistics.fmean(ws) - job) ** 2)
+        for ws in walls.values()
+        if len(ws) > 1
+    ]
+    if not rows:
+        return 0.0, 0.0
+    variances, squares = np.array(rows).T
+    design = np.column_stack([np.ones_like(squares), squares])
+    a2, c2 = np.linalg.lstsq(design, variances, rcond=None)[0]
+    if a2 < 0:  # the longer jobs spread more than the fit allows: the relative part alone
+        a2, c2 = 0.0, max(0.0, float(variances @ squares / max(squares @ squares, 1e-12)))
+    elif c2 < 0:  # the longer jobs spread less: the fixed part alone
+        a2, c2 = float(variances.mean()), 0.0
+    return math.sqrt(a2), math.sqrt(c2)
 
 
 def calibrate(

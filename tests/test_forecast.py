@@ -119,6 +119,7 @@ def test_held_forecast_measures_stages_from_their_brackets_previous_end() -> Non
         ({"compute": {"instance_types": ["local", "g5.xlarge"]}}, "compute.instance_types"),
         ({"profile": {"seconds_per_unit": {1: 1.0}, "job_overhead_s": -2}}, "job_overhead_s"),
         ({"profile": {"seconds_per_unit": {1: 1.0}, "job_overhead_sd": -1}}, "job_overhead_sd"),
+        ({"profile": {"seconds_per_unit": {1: 1.0}, "run_cv": -0.1}}, "profile.run_cv"),
         ({"compute": {"spot": True}}, "compute.spot"),
         (
             {"scheduler": {"name": "hyperband", "eta": 3, "max_resource": 9}},
@@ -210,9 +211,11 @@ def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
         "trial_overhead_s": 0.05,
         "job_overhead_s": 2.0,
         "job_overhead_sd": round((8 * 0.05**2 / 4) ** 0.5, 4),
+        "run_cv": 0.0,  # the long jobs spread as the short ones: the start's spread alone
     }
     slowed = {run: [wall, wall * 1.3, wall] for run, wall in exact.items()}
-    assert {k: v for k, v in solve(slowed, 2.0, 9.9).items() if k != "job_overhead_sd"} == {
+    spreads = ("job_overhead_sd", "run_cv")
+    assert {k: v for k, v in solve(slowed, 2.0, 9.9).items() if k not in spreads} == {
         "seconds_per_unit": 0.5,  # one run in three 30% slower: the medians do not move
         "overhead_s": 0.2,
         "trial_overhead_s": 0.05,
@@ -222,6 +225,25 @@ def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
     noisy = {Run(1, 1): [3.0], Run(4, 1): [6.0], Run(4, 3): [5.9], Run(4, 1, True): [8.0]}
     assert solve(noisy, 1.0, 0.1)["seconds_per_unit"] == 0.1
     assert solve(noisy, 1.0, 0.1)["job_overhead_sd"] == 0.0
+    assert solve(noisy, 1.0, 0.1)["run_cv"] == 0.0
+
+
+def test_calibration_tells_the_starts_spread_from_the_machines() -> None:
+    """Four runs of each job, off by 0.1 s (the start) and by 5% of their segments'
+    seconds (the machine), the two crossed: each job's variance is 4/3 (0.1**2 + (0.05 *
+    s)**2), ``s`` its wall less the job's own 2 s."""
+    from flows.calibrate import Run, solve
+
+    exact = {Run(1, 1): 3.25, Run(4, 1): 7.0, Run(4, 3): 15.0, Run(4, 1, True): 9.4}
+    signs = ((1, 1), (-1, 1), (1, -1), (-1, -1))
+    walls = {
+        run: [wall + a * 0.1 + c * 0.05 * (wall - 2) for a, c in signs]
+        for run, wall in exact.items()
+    }
+    solved = solve(walls, 2.0, 9.9)
+    assert solved["job_overhead_s"] == 2.0
+    assert solved["job_overhead_sd"] == pytest.approx(0.1 * (4 / 3) ** 0.5, abs=1e-3)
+    assert solved["run_cv"] == pytest.approx(0.05 * (4 / 3) ** 0.5, abs=1e-3)
 
 
 def test_calibration_lengthens_short_units_past_the_timing_noise() -> None:
@@ -252,3 +274,16 @@ def test_the_job_overhead_spread_widens_the_forecast_not_its_middle() -> None:
     assert p95 == pytest.approx(p50)  # nothing varies: p95 = p50
     assert spread_p50 == pytest.approx(p50, abs=0.3)
     assert spread_p95 - p95 == pytest.approx(1.645 * 2.0, rel=0.15)
+
+
+def test_the_runs_speed_spread_widens_the_forecast_with_the_segments() -> None:
+    def jct(cv: float) -> tuple[float, float]:
+        profile = {"seconds_per_unit": {1: 10.0}, "job_overhead_s": 4.0, "run_cv": cv}
+        outcome = plan_job(parse_job(job(profile=profile)), samples=400).outcome
+        return float(np.median(outcome.jct)), float(np.quantile(outcome.jct, 0.95))
+
+    (p50, p95), (spread_p50, spread_p95) = jct(0.0), jct(0.05)
+    assert p95 == pytest.approx(p50)
+    assert spread_p50 == pytest.approx(p50, rel=0.01)
+    # One factor for every segment of a run: the whole segments' time moves with it.
+    assert spread_p95 - p95 == pytest.approx(1.645 * 0.05 * (p50 - 4.0), rel=0.15)

@@ -25,6 +25,7 @@ from planners.cost.pool import Array
 DURATION, QUEUE, STARTUP, LIFETIME = 0, 1, 2, 3
 HELD = 4  # lifetimes of the spot nodes a chain already holds when it is simulated
 JOB = 5  # the job's own overhead, one per sample (keyed on bracket 0, for every chain)
+RUN = 6  # the run's speed, one per sample (keyed on bracket 0, for every chain)
 SPOT = 8  # replacement round r of a stage: SPOT + 8r + 0..3 (busy) and + 4..6 (idle)
 
 
@@ -62,6 +63,10 @@ class Draws:
     def job(self, mean: float, sd: float) -> Array:
         """The job's own overhead per sample (S): one draw for every chain of the job."""
         return np.maximum(mean + sd * self.normals(0, 0, JOB, 1)[:, 0], 0.0)
+
+    def speed(self, cv: float) -> Array:
+        """The run's time factor per sample (S): one draw for every segment of every chain."""
+        return np.maximum(1.0 + cv * self.normals(0, 0, RUN, 1)[:, 0], 0.1)
 
     def delays(
         self, instance: InstanceType, stage: StagePlan, purposes: tuple[int, int], columns: int

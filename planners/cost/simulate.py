@@ -8,7 +8,8 @@ newest first, so survivors keep their nodes and nothing migrates) and missing on
 requested (queueing plus startup, sampled). A change of instance type releases the whole
 pool. Trials are placed best-fit (§5.5); each slot starts as soon as its node is ready and
 runs its trials one after another, each segment's time drawn from the profile (normal: CLT
-per segment plus the straggler spread). The stage ends with its last slot. Every node is
+per segment plus the straggler spread), times the run's speed factor (``run_cv``: one draw
+per sample for every segment). The stage ends with its last slot. Every node is
 billed by its type's rule from request (or from running) to release. Chains run side by
 side; JCT is the last chain's end.
 
@@ -329,7 +330,8 @@ class PlanSimulator:
             durations = mean[None, :]
         else:
             z = self.draws.normals(stage.bracket, stage.rung, DURATION, stage.trials)
-            durations = np.maximum(mean + sd * z, 0.0)
+            speed = self.draws.speed(self.profile.run_cv)[:, None]
+            durations = np.maximum(mean + sd * z, 0.0) * speed
         hits = np.zeros(len(state.now))
         if pool.fails is not None:
             busy = slot_ready + durations @ placement.gather

@@ -10,11 +10,13 @@ model, restoring and saving a checkpoint); a trial's first segment adds
 ``trial_overhead_s`` (the sampler proposing its configuration, its MLflow run created),
 which a resumed segment does not pay. A job spends ``job_overhead_s`` outside its
 segments (its runs and study created, its best model registered), give or take
-``job_overhead_sd`` from one run to the next. A segment's spread has two parts:
+``job_overhead_sd`` from one run to the next. A segment's spread has three parts:
 unit-to-unit noise, independent between units, so by the central limit theorem its sd grows
-as ``sqrt(r) * sd(g)`` (docs/algorithms.md §5.3); and a per-segment straggler factor
+as ``sqrt(r) * sd(g)`` (docs/algorithms.md §5.3); a per-segment straggler factor
 ``segment_cv`` (a slow node stays slow for the whole segment), whose sd grows as
-``r * t(g) * segment_cv``.
+``r * t(g) * segment_cv``; and a per-run factor ``run_cv`` shared by every segment of a run
+(a machine slower or faster for a whole run), which the many segments of a job do not
+average away.
 
 A profile comes from the job file's ``profile:`` section (:meth:`Profile.from_spec`), from
 numbers measured by ``elastune profile`` (:meth:`Profile.from_measurements`), from a
@@ -102,6 +104,8 @@ class Profile:
         job_overhead_s: Seconds a job spends outside its segments (the cost simulator
             counts them before the first).
         job_overhead_sd: Their spread from one run of the job to the next.
+        run_cv: The segments' speed from one run of the job to the next, relative: one
+            factor for every segment of a run.
         gpu: GPU model the timings were measured on; ``None`` means any model.
         gpu_speed: Throughput of other GPU models relative to ``gpu`` (2.0: twice as
             fast): the job file's ``speed``.
@@ -113,6 +117,7 @@ class Profile:
     trial_overhead_s: float = 0.0
     job_overhead_s: float = 0.0
     job_overhead_sd: float = 0.0
+    run_cv: float = 0.0
     gpu: str | None = None
     gpu_speed: Mapping[str, float] = field(default_factory=dict)
 
@@ -139,6 +144,7 @@ class Profile:
             ("trial_overhead_s", self.trial_overhead_s),
             ("job_overhead_s", self.job_overhead_s),
             ("job_overhead_sd", self.job_overhead_sd),
+            ("run_cv", self.run_cv),
         ):
             if not value >= 0:
                 raise ProfileError(f"profile.{name}: must be >= 0, got {value}")
@@ -192,6 +198,7 @@ class Profile:
             "trial_overhead_s": spec.trial_overhead_s,
             "job_overhead_s": spec.job_overhead_s,
             "job_overhead_sd": spec.job_overhead_sd,
+            "run_cv": spec.run_cv,
             "gpu": spec.gpu,
             "gpu_speed": dict(spec.speed),
         }
@@ -275,6 +282,8 @@ class Profile:
             out["job_overhead_s"] = self.job_overhead_s
         if self.job_overhead_sd:
             out["job_overhead_sd"] = self.job_overhead_sd
+        if self.run_cv:
+            out["run_cv"] = self.run_cv
         if self.gpu is not None:
             out["gpu"] = self.gpu
         if self.gpu_speed:
