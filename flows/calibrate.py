@@ -17,10 +17,13 @@ A fourth job adds a second rung (SHA at eta 2): ``m`` waves of resumed segments 
 more units, ``W = W(n, r) + m * (o + r * t)``, which tells ``o`` from ``c``.
 
 :func:`runs` picks the four jobs (:class:`Run`), with ``r = k`` first resource levels: 1 and
-4 waves of one level, 4 waves of ``k`` levels, ``k`` large enough that the longer units add
-:data:`UNITS_S` seconds per segment over the short ones (on this machine's timing noise,
-a difference of a fraction of a second measures nothing), up to :data:`MAX_LEVELS`, and 4
-waves of one level with 2 waves resumed. Each runs :data:`REPEATS` times: :func:`solve`
+``n`` waves of one level, 4 waves of ``k`` levels, ``k`` large enough that the longer units
+add :data:`UNITS_S` seconds per segment over the short ones (on this machine's timing
+noise, a difference of a fraction of a second measures nothing), up to :data:`MAX_LEVELS`,
+and ``n`` waves of one level with ``n // 2`` waves resumed. ``n`` (at least 4, at most 13)
+makes the extra waves last :data:`WAVES_S` seconds: a job of short segments runs tens of
+waves, and a wave's cost taken from only 3 more would carry the calibration's noise into
+the forecast tenfold. Each runs :data:`REPEATS` times: :func:`solve`
 recovers ``F``, ``o``, ``c`` and ``t`` from the medians (one run the machine slowed moves
 nothing: two runs of one job differed by up to 28%), and the walls' spread around their
 own job's mean is the run-to-run spread of a job (:func:`spread`): a part the same for
@@ -36,8 +39,8 @@ Example (walls of F = 3, o = 0.4, c = 0.1, t = 0.2 at a first level of 1 unit):
      'job_overhead_s': 3.0, 'job_overhead_sd': 0.0, 'run_cv': 0.0}
     >>> runs(1.0, 0.05)[2].label  # 1.25 s more per segment takes 26 levels of 0.05 s
     '4 waves x 26 levels'
-    >>> runs(1.0, 0.05)[3].label
-    '4 waves x 1 levels + 2 resumed'
+    >>> runs(1.0, 0.05)[3].label  # waves of about 0.3 s: 11 of them
+    '11 waves x 1 levels + 5 resumed'
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ from planners.spec import JobSpec, SpecError
 REPEATS = 3  # runs of each calibration job: a median, and a job's run-to-run spread
 UNITS_S = 1.25  # seconds the longer units add to a segment, by the in-process timing
 MAX_LEVELS = 50  # units of a millisecond need no more: their time is lost in the overhead
+WAVES_S = 3.0  # seconds the extra waves of one level add over the one-wave job
+SEGMENT_S = 0.25  # a segment's seconds outside its units, before calibration measures them
 
 
 def first_level(spec: JobSpec) -> float:
@@ -132,7 +137,8 @@ def runs(level: float, alone: float) -> tuple[Run, ...]:
     """The four calibration jobs, given the first level's units and a unit's seconds timed
     in-process (``alone``)."""
     longer = min(max(3, 1 + math.ceil(UNITS_S / (level * alone))), MAX_LEVELS)
-    return (Run(1, 1), Run(4, 1), Run(4, longer), Run(4, 1, resumes=True))
+    waves = max(4, 1 + math.ceil(WAVES_S / (level * alone + SEGMENT_S)))
+    return (Run(1, 1), Run(waves, 1), Run(4, longer), Run(waves, 1, resumes=True))
 
 
 def solve(walls: dict[Run, list[float]], level: float, fallback_t: float) -> dict[str, float]:

@@ -256,6 +256,18 @@ def test_calibration_lengthens_short_units_past_the_timing_noise() -> None:
     assert waves == 4 and (levels - 1) * 2.0 * 0.04 >= UNITS_S > (levels - 2) * 2.0 * 0.04
 
 
+def test_calibration_runs_more_waves_of_short_segments() -> None:
+    """The cost of a wave comes from the extra waves of the second and fourth jobs: enough
+    of them to last WAVES_S seconds, at least 4."""
+    from flows.calibrate import SEGMENT_S, WAVES_S, Run, runs
+
+    assert runs(1.0, 60.0)[1] == Run(4, 1)  # one-minute units: 4 waves
+    _, many, _, resumed = runs(1.0, 0.05)
+    assert (many.waves - 2) * (0.05 + SEGMENT_S) < WAVES_S <= (many.waves - 1) * (0.05 + SEGMENT_S)
+    assert resumed == Run(many.waves, 1, resumes=True) and resumed.resumed == many.waves // 2
+    assert runs(1.0, 1e-6)[1].waves == 13  # units of no time: 12 segments' overheads
+
+
 def test_a_trials_first_segment_pays_the_trial_overhead_in_the_forecast() -> None:
     profile = {"seconds_per_unit": {1: 10.0}, "trial_overhead_s": 2.0}
     report = plan_job(parse_job(job(compute={"workers": 3}, profile=profile)), samples=20)
