@@ -20,8 +20,8 @@ more units, ``W = W(n, r) + m * (o + r * t)``, which tells ``o`` from ``c``.
 ``n`` waves of one level, 4 waves of ``k`` levels, ``k`` large enough that the longer units
 add :data:`UNITS_S` seconds per segment over the short ones (on this machine's timing
 noise, a difference of a fraction of a second measures nothing), up to :data:`MAX_LEVELS`,
-and ``n`` waves of one level with ``n // 2`` waves resumed. ``n`` (at least 4, at most 13)
-makes the extra waves last :data:`WAVES_S` seconds: a job of short segments runs tens of
+and ``n`` waves of one level with ``n / 2`` waves resumed. ``n`` (even, 4 to 14) makes
+the extra waves last :data:`WAVES_S` seconds: a job of short segments runs tens of
 waves, and a wave's cost taken from only 3 more would carry the calibration's noise into
 the forecast tenfold. Each runs :data:`REPEATS` times: :func:`solve`
 recovers ``F``, ``o``, ``c`` and ``t`` from the medians (one run the machine slowed moves
@@ -39,8 +39,8 @@ Example (walls of F = 3, o = 0.4, c = 0.1, t = 0.2 at a first level of 1 unit):
      'job_overhead_s': 3.0, 'job_overhead_sd': 0.0, 'run_cv': 0.0}
     >>> runs(1.0, 0.05)[2].label  # 1.25 s more per segment takes 26 levels of 0.05 s
     '4 waves x 26 levels'
-    >>> runs(1.0, 0.05)[3].label  # waves of about 0.3 s: 11 of them
-    '11 waves x 1 levels + 5 resumed'
+    >>> runs(1.0, 0.05)[3].label  # waves of about 0.3 s: 12 of them
+    '12 waves x 1 levels + 6 resumed'
 """
 
 from __future__ import annotations
@@ -138,6 +138,7 @@ def runs(level: float, alone: float) -> tuple[Run, ...]:
     in-process (``alone``)."""
     longer = min(max(3, 1 + math.ceil(UNITS_S / (level * alone))), MAX_LEVELS)
     waves = max(4, 1 + math.ceil(WAVES_S / (level * alone + SEGMENT_S)))
+    waves += waves % 2  # even: half its trials resumed fill whole waves
     return (Run(1, 1), Run(waves, 1), Run(4, longer), Run(waves, 1, resumes=True))
 
 

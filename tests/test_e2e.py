@@ -203,7 +203,7 @@ def test_profile_measures_seconds_per_unit_and_feeds_the_planner(
     tmp_path, capsys, monkeypatch
 ) -> None:
     # The loop end to end, once: repeats and lengths are tests/test_forecast.py's (this
-    # trainable's instant units would ask for 3 x 4 jobs, one of 50 levels and two of 13
+    # trainable's instant units would ask for 3 x 4 jobs, one of 50 levels and two of 14
     # waves, 3 minutes).
     monkeypatch.setattr("flows.calibrate.REPEATS", 1)
     monkeypatch.setattr("flows.calibrate.MAX_LEVELS", 3)

@@ -258,14 +258,16 @@ def test_calibration_lengthens_short_units_past_the_timing_noise() -> None:
 
 def test_calibration_runs_more_waves_of_short_segments() -> None:
     """The cost of a wave comes from the extra waves of the second and fourth jobs: enough
-    of them to last WAVES_S seconds, at least 4."""
+    of them to last WAVES_S seconds, at least 4, and even: the fourth job resumes half its
+    trials, which then fill whole waves."""
     from flows.calibrate import SEGMENT_S, WAVES_S, Run, runs
 
     assert runs(1.0, 60.0)[1] == Run(4, 1)  # one-minute units: 4 waves
     _, many, _, resumed = runs(1.0, 0.05)
-    assert (many.waves - 2) * (0.05 + SEGMENT_S) < WAVES_S <= (many.waves - 1) * (0.05 + SEGMENT_S)
-    assert resumed == Run(many.waves, 1, resumes=True) and resumed.resumed == many.waves // 2
-    assert runs(1.0, 1e-6)[1].waves == 13  # units of no time: 12 segments' overheads
+    assert many.waves % 2 == 0
+    assert (many.waves - 3) * (0.05 + SEGMENT_S) < WAVES_S <= (many.waves - 1) * (0.05 + SEGMENT_S)
+    assert resumed == Run(many.waves, 1, resumes=True) and 2 * resumed.resumed == many.waves
+    assert runs(1.0, 1e-6)[1].waves == 14  # units of no time: 12 segments' overheads, even
 
 
 def test_a_trials_first_segment_pays_the_trial_overhead_in_the_forecast() -> None:

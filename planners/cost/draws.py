@@ -65,8 +65,8 @@ class Draws:
         return np.maximum(mean + sd * self.normals(0, 0, JOB, 1)[:, 0], 0.0)
 
     def speed(self, cv: float) -> Array:
-        """The run's time factor per sample (S): one draw for every segment of every chain."""
-        return np.maximum(1.0 + cv * self.normals(0, 0, RUN, 1)[:, 0], 0.1)
+        """The run's time factor per sample (S x 1): one draw for every segment of every chain."""
+        return np.maximum(1.0 + cv * self.normals(0, 0, RUN, 1), 0.1)
 
     def delays(
         self, instance: InstanceType, stage: StagePlan, purposes: tuple[int, int], columns: int

@@ -8,10 +8,10 @@ newest first, so survivors keep their nodes and nothing migrates) and missing on
 requested (queueing plus startup, sampled). A change of instance type releases the whole
 pool. Trials are placed best-fit (§5.5); each slot starts as soon as its node is ready and
 runs its trials one after another, each segment's time drawn from the profile (normal: CLT
-per segment plus the straggler spread), times the run's speed factor (``run_cv``: one draw
-per sample for every segment). The stage ends with its last slot. Every node is
-billed by its type's rule from request (or from running) to release. Chains run side by
-side; JCT is the last chain's end.
+per segment plus the straggler spread) times the run's speed (``run_cv``: one draw per
+sample for all its segments). The stage ends with its last slot. Every node is billed by
+its type's rule from request (or from running) to release. Chains run side by side; JCT is
+the last chain's end.
 
 Spot capacity [OWN model]: a stage may run on spot instances (``StagePlan.market``), at
 the catalog's discounted price. Each running spot instance is interrupted as a Poisson
@@ -22,10 +22,10 @@ not running, so it is not interrupted). When an instance is interrupted:
   own request (so each pays its own minimum charge and rounding);
 - a replacement is requested at once and is ready after a new queueing plus startup draw;
 - every segment running on it loses the work since its last checkpoint. Segments
-  checkpoint at every resource unit, so the loss is a uniform part of one unit (half a
-  unit on average; the whole segment if it is shorter than a unit), and each redoes
-  that loss plus the profile's ``overhead_s`` (restore) on the replacement, after it is
-  ready. Slots on the node that had already finished lose nothing.
+  checkpoint at every resource unit, so the loss is a uniform part of one unit (half a unit
+  on average; the whole segment if it is shorter than a unit), and each redoes that loss
+  plus the profile's ``overhead_s`` (restore) on the replacement, after it is ready. Slots
+  on the node that had already finished lose nothing.
 
 An instance interrupted while its pool idles at a barrier is replaced at once when a
 later stage keeps it (the replacement may still be starting when that stage begins),
@@ -330,8 +330,7 @@ class PlanSimulator:
             durations = mean[None, :]
         else:
             z = self.draws.normals(stage.bracket, stage.rung, DURATION, stage.trials)
-            speed = self.draws.speed(self.profile.run_cv)[:, None]
-            durations = np.maximum(mean + sd * z, 0.0) * speed
+            durations = np.maximum(mean + sd * z, 0.0) * self.draws.speed(self.profile.run_cv)
         hits = np.zeros(len(state.now))
         if pool.fails is not None:
             busy = slot_ready + durations @ placement.gather
