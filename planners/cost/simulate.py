@@ -22,10 +22,10 @@ not running, so it is not interrupted). When an instance is interrupted:
   own request (so each pays its own minimum charge and rounding);
 - a replacement is requested at once and is ready after a new queueing plus startup draw;
 - every segment running on it loses the work since its last checkpoint. Segments
-  checkpoint at every resource unit, so the loss is a uniform part of one unit (half a unit
-  on average; the whole segment if it is shorter than a unit), and each redoes that loss
-  plus the profile's ``overhead_s`` (restore) on the replacement, after it is ready. Slots
-  on the node that had already finished lose nothing.
+  checkpoint at every resource unit, so the loss is a uniform part of one unit (half a
+  unit on average; the whole segment if it is shorter than a unit), and each redoes
+  that loss plus the profile's ``overhead_s`` (restore) on the replacement, after it is
+  ready. Slots on the node that had already finished lose nothing.
 
 An instance interrupted while its pool idles at a barrier is replaced at once when a
 later stage keeps it (the replacement may still be starting when that stage begins),
