@@ -278,25 +278,25 @@ def test_a_trials_first_segment_pays_the_trial_overhead_in_the_forecast() -> Non
     assert report.outcome.jct_q == pytest.approx(3 * 12 + 20 + 60)
 
 
-def test_the_job_overhead_spread_widens_the_forecast_not_its_middle() -> None:
-    def jct(sd: float) -> tuple[float, float]:
-        profile = {"seconds_per_unit": {1: 10.0}, "job_overhead_s": 4.0, "job_overhead_sd": sd}
-        outcome = plan_job(parse_job(job(profile=profile)), samples=400).outcome
-        return float(np.median(outcome.jct)), float(np.quantile(outcome.jct, 0.95))
+def _p50_p95(**spread: float) -> tuple[float, float]:
+    """The forecast JCT's median and p95 of a job of 10 s units and 4 s of its own, with
+    ``spread`` (a profile's spread field) added."""
+    profile = {"seconds_per_unit": {1: 10.0}, "job_overhead_s": 4.0, **spread}
+    outcome = plan_job(parse_job(job(profile=profile)), samples=400).outcome
+    return float(np.median(outcome.jct)), float(np.quantile(outcome.jct, 0.95))
 
-    (p50, p95), (spread_p50, spread_p95) = jct(0.0), jct(2.0)
+
+def test_the_job_overhead_spread_widens_the_forecast_not_its_middle() -> None:
+    p50, p95 = _p50_p95()
+    spread_p50, spread_p95 = _p50_p95(job_overhead_sd=2.0)
     assert p95 == pytest.approx(p50)  # nothing varies: p95 = p50
     assert spread_p50 == pytest.approx(p50, abs=0.3)
     assert spread_p95 - p95 == pytest.approx(1.645 * 2.0, rel=0.15)
 
 
 def test_the_runs_speed_spread_widens_the_forecast_with_the_segments() -> None:
-    def jct(cv: float) -> tuple[float, float]:
-        profile = {"seconds_per_unit": {1: 10.0}, "job_overhead_s": 4.0, "run_cv": cv}
-        outcome = plan_job(parse_job(job(profile=profile)), samples=400).outcome
-        return float(np.median(outcome.jct)), float(np.quantile(outcome.jct, 0.95))
-
-    (p50, p95), (spread_p50, spread_p95) = jct(0.0), jct(0.05)
+    p50, p95 = _p50_p95()
+    spread_p50, spread_p95 = _p50_p95(run_cv=0.05)
     assert p95 == pytest.approx(p50)
     assert spread_p50 == pytest.approx(p50, rel=0.01)
     # One factor for every segment of a run: the whole segments' time moves with it.
