@@ -11,6 +11,8 @@ benchmarks/results/forecast.json.
 
     python benchmarks/forecast.py            # the four jobs, about 4 minutes each
     python benchmarks/forecast.py --quick    # two small jobs, to check that it works
+    python benchmarks/forecast.py --job examples/cnn.yaml --shares 1,0.5,0.25 \
+        --out benchmarks/results/forecast_gpu.json   # one job of yours (on a GPU, say)
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ def jobs(quick: bool) -> list[tuple[str, dict[str, Any], str]]:
 
 def elastune(args: list[str], folder: Path, epoch_s: str) -> dict[str, Any]:
     """One CLI command in a fresh process in ``folder``; its JSON output."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), EPOCH_S: epoch_s}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, EPOCH_S: epoch_s}
     done = subprocess.run(
         [sys.executable, "-m", "flows.cli", *args, "--json"],
         cwd=folder,
@@ -127,14 +130,16 @@ def machine_seconds() -> float:
     return round(statistics.median(once() for _ in range(5)), 4)
 
 
-def one(name: str, job: dict[str, Any], epoch_s: str) -> dict[str, Any]:
-    """Profile, plan and run ``job``; its forecast against its measurement."""
+def one(name: str, job: dict[str, Any], epoch_s: str, shares: str = "1") -> dict[str, Any]:
+    """Profile (at the device ``shares``), plan and run ``job``; its forecast against its
+    measurement."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         path = folder / "job.yaml"
         path.write_text(yaml.safe_dump({"name": name, **job}))
         speed = {"profile": machine_seconds()}
-        measured = elastune(["profile", str(path), "--out", "profile.yaml"], folder, epoch_s)
+        profiling = ["profile", str(path), "--out", "profile.yaml", "--shares", shares]
+        measured = elastune(profiling, folder, epoch_s)
         profile = yaml.safe_load((folder / "profile.yaml").read_text())["profile"]
         planned = {**job, "name": name, "budget": {"deadline": "1h"}, "profile": profile}
         path.write_text(yaml.safe_dump(planned))
@@ -161,12 +166,20 @@ def one(name: str, job: dict[str, Any], epoch_s: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two small jobs only")
+    parser.add_argument("--job", type=Path, help="this job file instead of the built-in jobs")
+    parser.add_argument("--shares", default="1", help="elastune profile --shares for --job")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/forecast.json")
     args = parser.parse_args()
+    if args.job:
+        job = yaml.safe_load(args.job.read_text())
+        chosen = [(job.pop("name"), job, "0")]
+    else:
+        chosen = jobs(args.quick)
     results = []
     header = f"{'job':22} {'p50 s':>6} {'p95 s':>6} {'measured s':>10} {'vs p50':>7}  above p95"
     print(f"{header}  machine loop s: profile, run, after")
-    for name, job, epoch_s in jobs(args.quick):
-        row = one(name, job, epoch_s)
+    for name, job, epoch_s in chosen:
+        row = one(name, job, epoch_s, args.shares if args.job else "1")
         results.append(row)
         f, loop = row["forecast_jct_s"], row["machine_loop_s"]
         print(
@@ -178,10 +191,9 @@ def main() -> None:
     within = sum(abs(r["error_vs_p50"]) <= 0.10 for r in results)
     above = sum(r["above_p95"] for r in results)
     print(f"within 10% of p50: {within}/{len(results)}; above p95: {above}/{len(results)}")
-    out = ROOT / "benchmarks" / "results" / "forecast.json"
     summary = {"quick": args.quick, "within_10pct": within, "above_p95": above, "jobs": results}
-    out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"wrote {out.relative_to(ROOT)}")
+    args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
