@@ -16,7 +16,11 @@ Measured one piece at a time, on the stores a job uses (MLflow and Optuna on SQL
 - the sampler's ``ask`` after ``n`` finished trials, for ``tpe`` and ``mf-tpe``, with the
   digits search space, in memory; and mf-tpe's ask and tell on SQLite beside ``n`` trials
   paused at a rung, as a job's study holds them: on Optuna's own storage for a database URL
-  and on the one a job's driver uses (``tasks/study_storage.py``).
+  and on the one a job's driver uses (``tasks/study_storage.py``);
+- a command's exit: ``elastune run`` of a 2-trial digits job in a fresh process, the seconds
+  from its last exit handler to the process's end (CPython's last collections and module
+  teardown), as the command leaves it (what lives at exit frozen out of those
+  collections, ``flows/cli.py``) and with that undone.
 
 Beside them, one epoch of the digits CNN (width 32) on this machine, the training the
 bookkeeping is paid for. Run: ``python benchmarks/overhead.py`` (no ``PREFECT_API_URL``);
@@ -29,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -211,6 +216,50 @@ def paused_ask_costs(tmp: Path, driver: bool) -> dict[int, float]:
     return costs
 
 
+EXIT_PROBE = """
+import atexit, gc, sys, time
+atexit.register(lambda: print(time.time(), file=sys.stderr))  # first in, so it runs last
+from flows.cli import main
+code = main(["run", sys.argv[1], "--json"])
+if sys.argv[2] == "collected":
+    atexit.unregister(gc.freeze)
+raise SystemExit(code)
+"""
+
+
+def exit_costs(tmp: Path, repeat: int = 3) -> dict[str, float]:
+    """Seconds from a job command's last exit handler to its process's end, the median of
+    ``repeat`` runs in turns: as it is (``frozen``) and with the objects collected."""
+    import yaml
+
+    job = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text())
+    job.update(sampler={"name": "random", "seed": 0}, compute={"workers": 2})
+    job["scheduler"] = {"name": "sha", "eta": 2, "min_resource": 1, "max_resource": 1}
+    job["scheduler"]["max_trials"] = 2
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    seconds: dict[str, list[float]] = {"frozen": [], "collected": []}
+    for i in range(repeat):
+        for mode, runs in seconds.items():
+            folder = tmp / f"exit-{mode}-{i}"
+            folder.mkdir()
+            job["tracking"] = {
+                "mlflow_uri": f"sqlite:///{folder}/mlflow.db",
+                "optuna_storage": f"sqlite:///{folder}/optuna.db",
+            }
+            (folder / "job.yaml").write_text(yaml.safe_dump(job))
+            done = subprocess.run(
+                [sys.executable, "-c", EXIT_PROBE, str(folder / "job.yaml"), mode],
+                cwd=folder,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            ended = time.time()
+            runs.append(ended - float(done.stderr.split()[-1]))
+    return {f"a command's exit, {mode}": statistics.median(v) for mode, v in seconds.items()}
+
+
 def main() -> int:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # no line per task run
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -220,6 +269,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         costs = tracking_costs(Path(tmp))
     costs.update(task_run_costs())
+    with tempfile.TemporaryDirectory() as tmp:
+        costs.update(exit_costs(Path(tmp)))
     samplers = sampler_costs()
     with tempfile.TemporaryDirectory() as tmp:
         samplers["mf-tpe, SQLite (Optuna), n paused"] = paused_ask_costs(Path(tmp), False)

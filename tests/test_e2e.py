@@ -117,6 +117,29 @@ def test_a_job_trains_with_its_start_frozen_and_short_switches(tmp_path, stores,
     assert sys.getswitchinterval() == switch
 
 
+def test_a_command_leaves_what_lives_at_exit_out_of_the_last_collections(tmp_path) -> None:
+    """At the process's exit every object left is frozen, so CPython's last collections do
+    not walk them (seconds after a job, flows/cli.py): a handler registered before the
+    command runs after its own and sees them frozen."""
+    code = (
+        "import atexit, gc\n"
+        "atexit.register(lambda: print(gc.get_freeze_count()))\n"
+        "from flows.cli import main\n"
+        "raise SystemExit(main(['plan', 'missing.yaml']))\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert done.returncode == 2, done.stderr  # bad input, after the handler was registered
+    assert int(done.stdout.split()[-1]) > 10_000  # the modules the command imported
+
+
 def test_asha_promotes_by_resuming_from_checkpoints(tmp_path, stores, capsys) -> None:
     scheduler = {"name": "asha", "eta": 3, "min_resource": 1, "max_resource": 9, "max_trials": 12}
     code, summary, err = run_job(tmp_path, stores, capsys, scheduler=scheduler)
