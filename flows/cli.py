@@ -8,15 +8,13 @@ and nothing else there; logs and progress go to stderr.
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
-import gc
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from flows.collector import exit_uncollected, start_uncollected
 from infra.sizing import InfraError
 from planners.spec import JobSpec, SpecError, load_job
 
@@ -92,38 +90,12 @@ def _print_run(summary: dict[str, Any]) -> None:
     Console().print(table)
 
 
-@contextlib.contextmanager
-def _start_uncollected() -> Iterator[Callable[[], None]]:
-    """Python's cyclic garbage collector paused while a job's command starts, and what it
-    made by then frozen out of later collections; the yielded function, called just before
-    the job runs, turns collections back on. On leaving, the collector is as it was.
-
-    Importing torch, Prefect and MLflow makes about a million objects, and each of CPython's
-    full collections walks every one (docs/benchmarks.md, "Where the start goes"): they
-    took a quarter of the start, and each one later stops every training thread.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-
-    def started() -> None:
-        gc.freeze()
-        if enabled:
-            gc.enable()
-
-    try:
-        yield started
-    finally:
-        gc.unfreeze()  # a process that goes on (a test, a notebook) collects them again
-        if enabled:
-            gc.enable()
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
     from flows.ephemeral import early_server
 
     # The server starts while the rest is imported and checked.
-    with _start_uncollected() as started, early_server() as server_ready:
+    with start_uncollected() as started, early_server() as server_ready:
         from tasks.trainable import load_trainable
 
         load_trainable(spec.trainable)  # import errors are bad input: fail before creating anything
@@ -175,7 +147,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return 0
     from flows.ephemeral import early_server
 
-    with _start_uncollected() as started, early_server() as server_ready:
+    with start_uncollected() as started, early_server() as server_ready:
         from flows.tune import resume
 
         print(f"job {args.job_id}", file=sys.stderr, flush=True)
@@ -404,11 +376,7 @@ def _job_command(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # At exit, CPython's last collections walk every object left (a million after a job:
-    # torch, Prefect, MLflow), 1.5-2.8 s before the shell gets its prompt back; frozen,
-    # they are skipped. Registered before those imports, it runs after their exit handlers.
-    atexit.unregister(gc.freeze)
-    atexit.register(gc.freeze)
+    exit_uncollected()  # before the imports: the shell gets its prompt back 2-3 s sooner
     _quiet_defaults()
     try:
         args = build_parser().parse_args(argv)

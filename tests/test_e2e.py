@@ -102,7 +102,7 @@ def test_a_job_trains_with_its_start_frozen_and_short_switches(tmp_path, stores,
     """The command imports with Python's collector paused; its trials train with it on, the
     objects made by the start frozen (full collections do not walk them again) and the
     interpreter lock switching every 0.5 ms; after the command the process collects and
-    switches as before (flows/cli.py, flows/drive.py)."""
+    switches as before (flows/collector.py, flows/drive.py)."""
     gc.collect()  # what the test process left, so that the freeze below is the command's
     switch = sys.getswitchinterval()
     code, summary, err = run_job(
@@ -119,7 +119,7 @@ def test_a_job_trains_with_its_start_frozen_and_short_switches(tmp_path, stores,
 
 def test_a_command_leaves_what_lives_at_exit_out_of_the_last_collections(tmp_path) -> None:
     """At the process's exit every object left is frozen, so CPython's last collections do
-    not walk them (seconds after a job, flows/cli.py): a handler registered before the
+    not walk them (seconds after a job, flows/collector.py): a handler registered before the
     command runs after its own and sees them frozen."""
     code = (
         "import atexit, gc\n"
