@@ -172,7 +172,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.job:
         job = yaml.safe_load(args.job.read_text())
-        chosen = [(job.pop("name"), job, "0")]
+        chosen = [(job.pop("name", args.job.stem), job, "0")]
     else:
         chosen = jobs(args.quick)
     results = []
