@@ -229,24 +229,22 @@ raise SystemExit(code)
 
 def exit_costs(tmp: Path, repeat: int = 3) -> dict[str, float]:
     """Seconds from a job command's last exit handler to its process's end, the median of
-    ``repeat`` runs in turns: as it is (``frozen``) and with the objects collected."""
+    ``repeat`` runs in turns: as it is (``frozen``) and with the objects collected. The job
+    is ``elastune profile``'s first calibration job of the digits example, 2 workers."""
     import yaml
 
-    job = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text())
-    job.update(sampler={"name": "random", "seed": 0}, compute={"workers": 2})
-    job["scheduler"] = {"name": "sha", "eta": 2, "min_resource": 1, "max_resource": 1}
-    job["scheduler"]["max_trials"] = 2
+    from flows.calibrate import Run, calibration_job
+    from planners.spec import load_job
+
+    spec = load_job(ROOT / "examples" / "digits.yaml", ["compute.workers=2"])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     seconds: dict[str, list[float]] = {"frozen": [], "collected": []}
     for i in range(repeat):
         for mode, runs in seconds.items():
             folder = tmp / f"exit-{mode}-{i}"
             folder.mkdir()
-            job["tracking"] = {
-                "mlflow_uri": f"sqlite:///{folder}/mlflow.db",
-                "optuna_storage": f"sqlite:///{folder}/optuna.db",
-            }
-            (folder / "job.yaml").write_text(yaml.safe_dump(job))
+            job = calibration_job(spec, Run(1, 1), 1.0, folder)
+            (folder / "job.yaml").write_text(yaml.safe_dump(job.model_dump(mode="json")))
             done = subprocess.run(
                 [sys.executable, "-c", EXIT_PROBE, str(folder / "job.yaml"), mode],
                 cwd=folder,
