@@ -5,16 +5,22 @@ in-process, one trial alone, and gives their spread and the device shares).
 Small jobs run through the real machinery (Prefect, MLflow, Optuna, the job's pool), each
 as ``elastune run`` in a fresh process, so that each pays the cold start a real run pays
 (imports, the first model and data, the first dispatch): the job cut down to one SHA rung
-of ``r`` resource units, ``n x compute.workers`` trials of the random sampler (``n`` waves
-of segments, every slot busy, torch's threads shared as in a run), not planned, its stores
-in a throwaway folder. Their wall seconds follow ``W(n, r) = F + n * (o + c + r * t)``,
-where ``F`` is what the job spends outside its segments (runs and study created, best model
-registered: the profile's ``job_overhead_s``), ``o`` what a segment spends outside its
-units (dispatch, MLflow, the model built, checkpoint I/O, warm-up: ``overhead_s``), ``c``
-what a trial's first segment adds to it (the sampler's proposal, the trial's MLflow run:
-``trial_overhead_s``) and ``t`` a slot's seconds per unit (``seconds_per_unit: {1: t}``).
-A fourth job adds a second rung (SHA at eta 2): ``m`` waves of resumed segments of ``r``
-more units, ``W = W(n, r) + m * (o + r * t)``, which tells ``o`` from ``c``.
+of ``r`` resource units, ``n x slots`` trials of the random sampler (``n`` waves of
+segments, every slot busy, torch's threads shared as in a run), not planned, its stores in
+a throwaway folder. The slots are the plan's (:func:`planners.cost.local.local_slots`): the
+CUDA devices of a local job's machine, else ``compute.workers``; one segment per slot, so
+that ``t`` is a whole slot's, the profile's share 1. (With ``compute.workers`` segments on
+one GPU, ``t`` would be a quarter share's time taken for a whole GPU's: on an H100 the plan
+then counted the sharing twice and forecast twice the measured JCT, docs/gpu.md.)
+
+Their wall seconds follow ``W(n, r) = F + n * (o + c + r * t)``, where ``F`` is what the job
+spends outside its segments (runs and study created, best model registered: the profile's
+``job_overhead_s``), ``o`` what a segment spends outside its units (dispatch, MLflow, the
+model built, checkpoint I/O, warm-up: ``overhead_s``), ``c`` what a trial's first segment
+adds to it (the sampler's proposal, the trial's MLflow run: ``trial_overhead_s``) and ``t``
+a slot's seconds per unit (``seconds_per_unit: {1: t}``). A fourth job adds a second rung
+(SHA at eta 2): ``m`` waves of resumed segments of ``r`` more units,
+``W = W(n, r) + m * (o + r * t)``, which tells ``o`` from ``c``.
 
 :func:`runs` picks the four jobs (:class:`Run`), with ``r = k`` first resource levels: 1 and
 ``n`` waves of one level, 4 waves of ``k`` levels, ``k`` large enough that the longer units
@@ -57,6 +63,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import yaml
 
+from flows.compiled import local_devices
+from planners.cost.local import local_slots
 from planners.spec import JobSpec, SpecError
 
 REPEATS = 3  # runs of each calibration job: a median, and a job's run-to-run spread
@@ -90,10 +98,14 @@ class Run(NamedTuple):
         return label + (f" + {self.resumed} resumed" if self.resumed else "")
 
 
-def calibration_job(spec: JobSpec, run: Run, level: float, folder: Path) -> JobSpec:
+def calibration_job(
+    spec: JobSpec, run: Run, level: float, folder: Path, devices: int | None = None
+) -> JobSpec:
     """``spec`` cut down to calibration job ``run`` at a first level of ``level`` units,
-    stored under ``folder``."""
+    stored under ``folder``, one segment per slot of a machine of ``devices`` CUDA devices
+    (None: the CPU's ``compute.workers`` slots)."""
     resource = run.levels * level
+    slots = local_slots(spec, devices)
     data = spec.model_dump()
     data.update(
         name=f"{spec.name}-calibration",
@@ -103,7 +115,7 @@ def calibration_job(spec: JobSpec, run: Run, level: float, folder: Path) -> JobS
             "eta": 2,
             "min_resource": resource,
             "max_resource": resource * (2 if run.resumes else 1),
-            "max_trials": run.waves * spec.compute.workers,
+            "max_trials": run.waves * slots,
         },
         budget={},
         profile=None,
@@ -112,7 +124,7 @@ def calibration_job(spec: JobSpec, run: Run, level: float, folder: Path) -> JobS
             "optuna_storage": f"sqlite:///{folder}/optuna.db",
         },
     )
-    data["compute"] |= {"instance_types": [], "packing": "off"}
+    data["compute"] |= {"workers": slots, "instance_types": [], "packing": "off"}
     return JobSpec.model_validate(data)
 
 
@@ -202,11 +214,12 @@ def calibrate(
     wall seconds."""
     level = first_level(spec)
     alone = profile["seconds_per_unit"][1]
+    devices = local_devices(spec)
     walls: dict[Run, list[float]] = {}
     for _ in range(REPEATS):  # interleaved, so a slow minute of the machine hits every job
         for run in runs(level, alone):
             with tempfile.TemporaryDirectory() as folder:
-                job = calibration_job(spec, run, level, Path(folder))
+                job = calibration_job(spec, run, level, Path(folder), devices)
                 walls.setdefault(run, []).append(run_elsewhere(job, Path(folder)))
     solved = solve(walls, level, alone)
     scale = solved.pop("seconds_per_unit") / alone

@@ -193,6 +193,18 @@ def test_calibration_jobs_are_full_waves_of_one_rung_or_two(tmp_path: Path) -> N
     assert [rung.trials for rung in rungs] == [12, 6]
 
 
+def test_calibration_on_a_gpu_gives_each_device_one_segment(tmp_path: Path) -> None:
+    """The plan's slots on a CUDA machine are its devices, and a slot's seconds per unit
+    are a whole device's: 3 workers' segments sharing 2 GPUs would time shares instead."""
+    from flows.calibrate import Run, calibration_job
+
+    spec = parse_job(job(compute={"workers": 3}))
+    on_gpus = calibration_job(spec, Run(4, 1), 3.0, tmp_path, devices=2)
+    assert on_gpus.compute.workers == 2 and on_gpus.scheduler.max_trials == 8
+    capped = parse_job(job(compute={"workers": 3, "max_gpus": 1}))
+    assert calibration_job(capped, Run(4, 1), 3.0, tmp_path, devices=2).compute.workers == 1
+
+
 def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
     from flows.calibrate import Run, solve
 
