@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import mlflow
+import sqlalchemy
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
 from mlflow.exceptions import MlflowException
@@ -29,6 +31,7 @@ from mlflow.utils.uri import (
     extract_db_type_from_uri,
 )
 
+from planners.cache import cache_dir
 from planners.spec import SpecError
 from tasks.spool import checkpoint_name, checkpoint_resource
 from tasks.stores import check_folder, first_use, local_uri, sqlite_path
@@ -63,6 +66,33 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def new_store(database: Path) -> None:
+    """Start a new SQLite store as a copy of an empty one MLflow made on this machine, once
+    per MLflow version, in the cache: MLflow makes a new database by running every schema
+    migration since its first, about 1 s, which each new job folder (and each of
+    ``elastune profile``'s calibration jobs) would pay. The copy holds MLflow's schema and
+    nothing else; MLflow adds its ``Default`` experiment itself, at this store's artifact
+    location. Where the cache cannot be written, MLflow makes the store as it would."""
+    from mlflow.store.db.utils import _initialize_tables  # what MLflow runs on a new database
+
+    empty = cache_dir() / f"mlflow-{mlflow.__version__}-empty.db"
+    try:
+        if not empty.exists():
+            empty.parent.mkdir(parents=True, exist_ok=True)
+            partial = empty.with_name(f".{empty.name}.{os.getpid()}.tmp")
+            engine = sqlalchemy.create_engine(f"sqlite:///{partial}")
+            try:
+                _initialize_tables(engine)
+                engine.dispose()
+                os.replace(partial, empty)  # whole or absent, whoever else makes it at once
+            finally:
+                engine.dispose()
+                partial.unlink(missing_ok=True)
+        shutil.copyfile(empty, database)
+    except OSError:
+        database.unlink(missing_ok=True)
+
+
 @functools.cache
 def shared_tracker(uri: str, experiment: str) -> Tracker:
     """One :class:`Tracker` per store and experiment in this process, for the segments that
@@ -87,6 +117,8 @@ class Tracker:
         made = [] if database is None else [database, database.parent / "artifacts"]
         self._made = [path for path in made if not path.exists()]
         with first_use(self.uri):  # the client builds (and caches) its store right away
+            if database is not None and not database.exists():
+                new_store(database)
             self.client = MlflowClient(self.uri)
         self.experiment = experiment
         self._experiment_id: str | None = None

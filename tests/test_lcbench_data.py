@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import planners
+from planners.cache import cache_dir
 from planners.sim import lcbench_data
-from planners.sim.lcbench_data import FOLDER, TABLE, cache_dir, data_dir, task_table
+from planners.sim.lcbench_data import FOLDER, TABLE, data_dir, task_table
 from planners.spec import SpecError
 
 # Task 3945 of the 1000-configuration table as first made (onnxruntime 1.31, x86):

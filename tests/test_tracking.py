@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 import torch
 
 from tasks.context import TrialContext
@@ -140,3 +141,36 @@ def test_a_killed_spooled_segment_loses_only_what_followed_its_last_checkpoint(
     # Epochs 1-4 logged once each (3 and 4 from the checkpoint); epoch 5 is trained again.
     assert [s for s, _ in tracker.metric_history(run_id, "val_accuracy")] == [1, 2, 3, 4]
     assert spool.files(run_id) == []
+
+
+def test_a_new_store_is_mlflows_empty_schema_made_once_per_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new SQLite store starts from the cache's empty copy: the same schema as the one
+    MLflow migrates itself, MLflow's migrations run once, not per store, and nothing of
+    the cache's own in it (MLflow adds its Default experiment to each store itself)."""
+    import sqlalchemy
+    from mlflow import MlflowClient
+    from mlflow.store.db import utils
+
+    monkeypatch.setenv("ELASTUNE_CACHE", str(tmp_path / "cache"))
+    migrations = []
+    initialize = utils._initialize_tables
+    monkeypatch.setattr(utils, "_initialize_tables", lambda e: migrations.append(initialize(e)))
+
+    def schema(database: Path) -> dict[str, list[str]]:
+        inspector = sqlalchemy.inspect(sqlalchemy.create_engine(f"sqlite:///{database}"))
+        tables = inspector.get_table_names()
+        return {t: sorted(c["name"] for c in inspector.get_columns(t)) for t in tables}
+
+    first, second = (Tracker(f"sqlite:///{tmp_path}/{n}/mlflow.db", "e") for n in "ab")
+    assert len(migrations) == 1  # the cache's copy; the second store is copied from it
+    MlflowClient(f"sqlite:///{tmp_path}/own/mlflow.db").search_experiments()  # MLflow's own
+    assert len(migrations) == 2
+    assert schema(tmp_path / "b/mlflow.db") == schema(tmp_path / "own/mlflow.db")
+    empty = sqlalchemy.create_engine(f"sqlite:///{next((tmp_path / 'cache').glob('*.db'))}")
+    with empty.connect() as connection:
+        assert connection.execute(sqlalchemy.text("select count(*) from experiments")).scalar() == 0
+    assert second.client.get_experiment("0").name == "Default"
+    run = first.client.create_run(first.experiment_id)  # a working store
+    assert first.client.get_run(run.info.run_id).info.experiment_id == first.experiment_id

@@ -29,10 +29,10 @@ from filelock import FileLock
 from rich.console import Console
 from rich.progress import track
 
+from planners.cache import cache_dir
 from planners.spec import SpecError
 
 ENV = "ELASTUNE_BENCHMARKS"
-CACHE_ENV = "ELASTUNE_CACHE"
 FOLDER = "yahpo_lcbench"
 TABLE = "lcbench_surrogate_table_1000cfg.npz"
 EPOCHS = 52
@@ -81,11 +81,6 @@ def data_dir(root: str | Path | None = None) -> Path:
             f"pass the folder or set {ENV}"
         )
     return path.resolve()
-
-
-def cache_dir() -> Path:
-    """Where made tables are kept: ``$ELASTUNE_CACHE``, else ``~/.cache/elastune``."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "elastune")
 
 
 @functools.cache
