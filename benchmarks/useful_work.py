@@ -359,12 +359,16 @@ def show(arm: str, seed: int, row: dict[str, Any]) -> None:
     )
 
 
-def prepare_prefect(home: Path) -> None:
-    """A Prefect home whose database is already migrated, as a user's is after a first run."""
+def prepare(home: Path) -> None:
+    """A Prefect home whose database is already migrated, and the cache's empty MLflow store
+    made, as a user's machine has them after a first run."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["PREFECT_HOME"] = str(home)
     command = [sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"]
     subprocess.run(command, env=env, check=True, capture_output=True)
+    store = "import sys, pathlib, tasks.tracking as t; t.new_store(pathlib.Path(sys.argv[1]))"
+    command = [sys.executable, "-c", store, str(home / "mlflow.db")]
+    subprocess.run(command, env={**env, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
 
 
 def main() -> int:
@@ -387,7 +391,7 @@ def main() -> int:
         folder = Path(tmp)
         os.environ["PREFECT_HOME"] = str(folder / "prefect")
         os.environ.pop("PREFECT_API_URL", None)  # the ephemeral server, as a local user has
-        prepare_prefect(folder / "prefect")
+        prepare(folder / "prefect")
         for seed in range(args.seeds):
             for arm in args.arms.split(","):
                 row = measure(arm, seed, args.budget, args.workers, args.target, folder)
