@@ -31,8 +31,8 @@ from mlflow.utils.uri import (
     extract_db_type_from_uri,
 )
 
-from planners.cache import cache_dir
 from planners.spec import SpecError
+from planners.spec.cache import cache_dir
 from tasks.spool import checkpoint_name, checkpoint_resource
 from tasks.stores import check_folder, first_use, local_uri, sqlite_path
 

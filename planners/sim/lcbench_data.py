@@ -29,8 +29,8 @@ from filelock import FileLock
 from rich.console import Console
 from rich.progress import track
 
-from planners.cache import cache_dir
 from planners.spec import SpecError
+from planners.spec.cache import cache_dir
 
 ENV = "ELASTUNE_BENCHMARKS"
 FOLDER = "yahpo_lcbench"
