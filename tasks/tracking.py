@@ -32,7 +32,7 @@ from mlflow.utils.uri import (
 )
 
 from planners.spec import SpecError
-from planners.spec.cache import cache_dir
+from planners.spec.cache import cache_dir, made_once
 from tasks.spool import checkpoint_name, checkpoint_resource
 from tasks.stores import check_folder, first_use, local_uri, sqlite_path
 
@@ -75,20 +75,17 @@ def new_store(database: Path) -> None:
     location. Where the cache cannot be written, MLflow makes the store as it would."""
     from mlflow.store.db.utils import _initialize_tables  # what MLflow runs on a new database
 
-    empty = cache_dir() / f"mlflow-{mlflow.__version__}-empty.db"
+    def make(tmp: Path) -> None:
+        engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
+        try:
+            _initialize_tables(engine)
+        finally:
+            engine.dispose()  # the file closed before it is renamed
+
     try:
-        if not empty.exists():
-            empty.parent.mkdir(parents=True, exist_ok=True)
-            partial = empty.with_name(f".{empty.name}.{os.getpid()}.tmp")
-            engine = sqlalchemy.create_engine(f"sqlite:///{partial}")
-            try:
-                _initialize_tables(engine)
-                engine.dispose()
-                os.replace(partial, empty)  # whole or absent, whoever else makes it at once
-            finally:
-                engine.dispose()
-                partial.unlink(missing_ok=True)
-        shutil.copyfile(empty, database)
+        shutil.copyfile(
+            made_once(cache_dir() / f"mlflow-{mlflow.__version__}-empty.db", make), database
+        )
     except OSError:
         database.unlink(missing_ok=True)
 

@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from filelock import FileLock
 from rich.console import Console
 from rich.progress import track
 
 from planners.spec import SpecError
-from planners.spec.cache import cache_dir
+from planners.spec.cache import cache_dir, made_once
 
 ENV = "ELASTUNE_BENCHMARKS"
 FOLDER = "yahpo_lcbench"
@@ -117,12 +116,11 @@ def _whole_table(path: Path) -> dict[str, np.ndarray]:
 
 
 def _cached_table(path: Path, task: str) -> dict[str, np.ndarray]:
-    target = cache_dir() / FOLDER / _version(path) / f"{task}.npz"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Two processes asking for the same task at once: the second waits, then reads.
-    with FileLock(f"{target}.lock"):
-        if not target.exists():
-            _write_atomically(target, _make_table(path, task))
+    def make(tmp: Path) -> None:
+        with tmp.open("wb") as file:  # a file, so that numpy adds no suffix to the name
+            np.savez(file, **_make_table(path, task))
+
+    target = made_once(cache_dir() / FOLDER / _version(path) / f"{task}.npz", make)
     with np.load(target) as data:
         return {key: data[key] for key in data.files}
 
@@ -177,16 +175,3 @@ def _make_table(path: Path, task: str) -> dict[str, np.ndarray]:
     out = np.concatenate(outputs).reshape(CONFIGS, EPOCHS, -1)
     columns = {"time_raw": 0} | {metric: SURROGATE_METRICS[metric] for metric in TABLE_METRICS}
     return {"configs": configs} | {key: out[:, :, column] for key, column in columns.items()}
-
-
-def _write_atomically(target: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write next to ``target``, then rename: a killed write never leaves a partial table."""
-    # Writers hold the lock, so the process id is enough to keep the name to one writer.
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("wb") as file:
-            np.savez(file, **arrays)
-        tmp.replace(target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
