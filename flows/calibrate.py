@@ -154,32 +154,74 @@ def runs(level: float, alone: float) -> tuple[Run, ...]:
     return (Run(1, 1), Run(waves, 1), Run(4, longer), Run(waves, 1, resumes=True))
 
 
-def solve(walls: dict[Run, list[float]], level: float, fallback_t: float) -> dict[str, float]:
-    """``t``, ``o``, ``c``, ``F`` and the run-to-run spread from the calibration jobs' wall
-    seconds, keyed as :func:`runs` gives them, from their medians (see the module
-    docstring). Where noise makes ``t`` come out non-positive, ``fallback_t``, the
-    in-process timing, is used."""
-    (one, first), (four, second), (long, third), (resumed, fourth) = (
-        (run, statistics.median(values)) for run, values in walls.items()
-    )
+def estimate(
+    jobs: tuple[Run, ...], medians: np.ndarray, level: float, t: float | None = None
+) -> np.ndarray:
+    """``F``, ``o``, ``c`` and ``t`` (``t`` given: that one) from the four jobs' walls,
+    unclamped: linear in the walls (see the module docstring)."""
+    (one, four, long, resumed), (first, second, third, fourth) = jobs, medians
     wave = (second - first) / (four.waves - one.waves)  # o + c + k1 * level * t
     job = first - one.waves * wave
-    longer = (third - job) / long.waves  # o + c + k3 * level * t
-    t = (longer - wave) / ((long.levels - one.levels) * level)
-    t = t if t > 0 else fallback_t
+    if t is None:
+        longer = (third - job) / long.waves  # o + c + k3 * level * t
+        t = (longer - wave) / ((long.levels - one.levels) * level)
     # o + k4 * level * t, from the resumed waves that follow the new ones
     new = wave + (resumed.levels - one.levels) * level * t  # its new trials' waves
     again = (fourth - job - resumed.waves * new) / resumed.resumed
-    overhead = max(0.0, again - resumed.levels * level * t)
+    overhead = again - resumed.levels * level * t
+    return np.array([job, overhead, wave - one.levels * level * t - overhead, t])
+
+
+def solve(walls: dict[Run, list[float]], level: float, fallback_t: float) -> dict[str, Any]:
+    """``t``, ``o``, ``c``, ``F``, the run-to-run spread and the estimates' covariance from
+    the calibration jobs' wall seconds, keyed as :func:`runs` gives them, from their
+    medians (see the module docstring). Where noise makes ``t`` come out non-positive,
+    ``fallback_t``, the in-process timing, is used."""
+    jobs = tuple(walls)
+    medians = np.array([statistics.median(values) for values in walls.values()])
+    job, overhead, trial, t = estimate(jobs, medians, level).tolist()
+    if t <= 0:
+        job, overhead, trial, t = estimate(jobs, medians, level, fallback_t).tolist()
     fixed, relative = spread(walls, max(0.0, job))
-    return {
+    solved: dict[str, Any] = {
         "seconds_per_unit": round(t, 6),
-        "overhead_s": round(overhead, 4),
-        "trial_overhead_s": round(max(0.0, wave - one.levels * level * t - overhead), 4),
+        "overhead_s": round(max(0.0, overhead), 4),
+        "trial_overhead_s": round(max(0.0, trial + overhead - max(0.0, overhead)), 4),
         "job_overhead_s": round(max(0.0, job), 4),
         "job_overhead_sd": round(fixed, 4),
         "run_cv": round(relative, 4),
     }
+    cov = covariance(walls, level, (fixed, relative), max(0.0, job), t)
+    if cov is not None:
+        solved["calibration_cov"] = cov
+    return solved
+
+
+def covariance(
+    walls: dict[Run, list[float]], level: float, spreads: tuple[float, float], job: float, t: float
+) -> list[list[float]] | None:
+    """The covariance of the errors in ``F``, ``o``, ``c`` and ``t / t`` that the medians'
+    own noise puts in :func:`estimate`: each job's median is off by its run-to-run spread
+    (:func:`spread`) over its repeats (a median of ``n`` varies ``pi / 2n`` times one run's
+    variance: its large-``n`` value, a little above the exact 0.449 at 3), and the estimate
+    is linear in them. ``None`` where the repeats gave no spread."""
+    fixed, relative = spreads
+    jobs = tuple(walls)
+    medians = np.array([statistics.median(values) for values in walls.values()])
+    variances = np.array(
+        [
+            (fixed**2 + (relative * max(0.0, statistics.fmean(values) - job)) ** 2)
+            * min(1.0, math.pi / (2 * len(values)))
+            for values in walls.values()
+        ]
+    )
+    if not variances.any():
+        return None
+    base = estimate(jobs, medians, level)
+    jacobian = np.column_stack([estimate(jobs, medians + e, level) - base for e in np.eye(4)])
+    scale = np.diag([1.0, 1.0, 1.0, 1.0 / t])  # t's error relative: it scales every width
+    cov = scale @ jacobian @ np.diag(variances) @ jacobian.T @ scale
+    return [[float(f"{value:.4g}") for value in row] for row in cov]
 
 
 def spread(walls: dict[Run, list[float]], job: float) -> tuple[float, float]:

@@ -67,6 +67,16 @@ CASES = [
     ("bad deadline", edit("budget", {"deadline": "tomorrow"}), "budget.deadline"),
     ("zero workers", edit("compute", {"workers": 0}), "compute.workers"),
     ("bad job name", edit("name", "has spaces"), "name"),
+    (
+        "calibration covariance not 4 x 4",
+        edit("profile", {"seconds_per_unit": {1: 1.0}, "calibration_cov": [[1.0, 0.0]]}),
+        "profile.calibration_cov.0",
+    ),
+    (
+        "calibration covariance with a negative variance",
+        edit("profile", {"seconds_per_unit": {1: 1.0}, "calibration_cov": [[-1.0] * 4] * 4}),
+        "profile.calibration_cov",
+    ),
 ]
 
 

@@ -3,6 +3,8 @@ docs/algorithms.md §5.8, §5.9): pure, in milliseconds."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
@@ -52,6 +54,17 @@ def test_the_estimate_is_the_prior_until_a_segment_is_measured() -> None:
     assert estimate.profile() == PRIOR
     estimate.observe(1, 0.0, 500.0)  # trains nothing: says nothing
     assert estimate.segments == 0
+
+
+def test_measured_segments_take_over_the_calibrations_error_in_the_unit_time() -> None:
+    cov = [[0.04, 0.01, 0.0, -0.002], [0.01, 0.01, 0.0, 0.001]]
+    cov += [[0.0, 0.0, 0.02, 0.0], [-0.002, 0.001, 0.0, 0.0025]]
+    estimate = ProfileEstimate(dataclasses.replace(PRIOR, calibration_cov=cov))
+    assert estimate.profile().calibration_cov == tuple(map(tuple, cov))
+    estimate.observe(1, 1.0, 1440.0)
+    after = estimate.profile().calibration_cov
+    assert after is not None and after[3] == (0.0,) * 4 and [row[3] for row in after] == [0.0] * 4
+    assert [row[:3] for row in after[:3]] == [tuple(row[:3]) for row in cov[:3]]  # overheads
 
 
 def test_measured_segments_scale_their_width_and_the_pooled_ratio_the_others() -> None:

@@ -217,7 +217,9 @@ def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
         Run(4, 1, True): 2 + 4 * 1.25 + 2 * 1.2,
     }
     walls = {run: [wall - 0.05, wall + 0.05] for run, wall in exact.items()}
-    assert solve(walls, 2.0, 9.9) == {
+    solved = solve(walls, 2.0, 9.9)
+    assert solved.pop("calibration_cov")  # the medians' noise: next test
+    assert solved == {
         "seconds_per_unit": 0.5,
         "overhead_s": 0.2,
         "trial_overhead_s": 0.05,
@@ -226,7 +228,7 @@ def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
         "run_cv": 0.0,  # the long jobs spread as the short ones: the start's spread alone
     }
     slowed = {run: [wall, wall * 1.3, wall] for run, wall in exact.items()}
-    spreads = ("job_overhead_sd", "run_cv")
+    spreads = ("job_overhead_sd", "run_cv", "calibration_cov")
     assert {k: v for k, v in solve(slowed, 2.0, 9.9).items() if k not in spreads} == {
         "seconds_per_unit": 0.5,  # one run in three 30% slower: the medians do not move
         "overhead_s": 0.2,
@@ -238,6 +240,29 @@ def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
     assert solve(noisy, 1.0, 0.1)["seconds_per_unit"] == 0.1
     assert solve(noisy, 1.0, 0.1)["job_overhead_sd"] == 0.0
     assert solve(noisy, 1.0, 0.1)["run_cv"] == 0.0
+    assert "calibration_cov" not in solve(noisy, 1.0, 0.1)  # nor how far the estimate is off
+
+
+def test_the_calibrations_covariance_is_the_scatter_of_its_estimates() -> None:
+    """Calibrations repeated many times over runs with the start's spread: the estimates
+    of F, o, c and t (relative) scatter as ``covariance`` says, from one calibration's
+    walls (a little above: a median of 3 varies 0.449 times a run's variance, the
+    formula takes pi / 6 = 0.52)."""
+    from flows.calibrate import Run, covariance, estimate
+
+    exact = {Run(1, 1): 3.25, Run(8, 1): 12.0, Run(4, 6): 27.0, Run(8, 1, True): 16.8}
+    jobs, sd = tuple(exact), 0.1
+    rng = np.random.default_rng(0)
+    draws = np.array(list(exact.values()))[:, None] + sd * rng.standard_normal((4000, 4, 3))
+    estimates = np.array([estimate(jobs, np.median(walls, axis=1), 2.0) for walls in draws])
+    estimates[:, 3] /= 0.5  # t's error relative
+    walls = {run: list(draws[0, i]) for i, run in enumerate(jobs)}
+    predicted = np.array(covariance(walls, 2.0, (sd, 0.0), 2.0, 0.5))
+    ratio = np.diag(predicted) / np.diag(np.cov(estimates.T))
+    assert ((ratio > 1.0) & (ratio < 1.3)).all(), ratio
+    correlations = np.corrcoef(estimates.T)  # F and the waves' costs move together
+    predicted_correlations = predicted / np.sqrt(np.outer(np.diag(predicted), np.diag(predicted)))
+    assert np.abs(correlations - predicted_correlations).max() < 0.05
 
 
 def test_calibration_tells_the_starts_spread_from_the_machines() -> None:

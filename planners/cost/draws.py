@@ -15,6 +15,8 @@ Example (a plan with one more node sees the same draws for the nodes it shares):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from planners.cost.allocation import StagePlan
@@ -26,6 +28,7 @@ DURATION, QUEUE, STARTUP, LIFETIME = 0, 1, 2, 3
 HELD = 4  # lifetimes of the spot nodes a chain already holds when it is simulated
 JOB = 5  # the job's own overhead, one per sample (keyed on bracket 0, for every chain)
 RUN = 6  # the run's speed, one per sample (keyed on bracket 0, for every chain)
+FIT = 7  # the calibration's error in the profile, one per sample (bracket 0, every chain)
 SPOT = 8  # replacement round r of a stage: SPOT + 8r + 0..3 (busy) and + 4..6 (idle)
 
 
@@ -67,6 +70,12 @@ class Draws:
     def speed(self, cv: float) -> Array:
         """The run's time factor per sample (S x 1): one draw for every segment of every chain."""
         return np.maximum(1.0 + cv * self.normals(0, 0, RUN, 1), 0.1)
+
+    def fit(self, cov: Sequence[Sequence[float]]) -> Array:
+        """Errors with covariance ``cov`` per sample (S x len(cov)): one draw for the run."""
+        values, vectors = np.linalg.eigh(np.asarray(cov, dtype=float))
+        root = vectors * np.sqrt(np.clip(values, 0.0, None))  # root @ root.T == cov
+        return self.normals(0, 0, FIT, len(values)) @ root.T
 
     def delays(
         self, instance: InstanceType, stage: StagePlan, purposes: tuple[int, int], columns: int

@@ -164,12 +164,23 @@ class ProfileEstimate:
         return math.sqrt((self.prior_weight * prior**2 + squares) / (self.prior_weight + dof))
 
     def profile(self) -> Profile:
-        """The prior with every width's timing scaled by its ratio and the measured spread."""
+        """The prior with every width's timing scaled by its ratio and the measured spread;
+        once segments are measured, the calibration's error in the unit time is theirs to
+        tell (its row of ``calibration_cov`` dropped; the overheads' errors stay)."""
         timings = {
             g: Timing(t.mean * self.ratio(g), t.sd * self.ratio(g))
             for g, t in self.prior.timings.items()
         }
-        return dataclasses.replace(self.prior, timings=timings, segment_cv=self.spread())
+        cov = self.prior.calibration_cov
+        if cov is not None and self.segments:
+            unit = len(cov) - 1
+            cov = tuple(
+                tuple(0.0 if unit in (i, j) else v for j, v in enumerate(row))
+                for i, row in enumerate(cov)
+            )
+        return dataclasses.replace(
+            self.prior, timings=timings, segment_cv=self.spread(), calibration_cov=cov
+        )
 
 
 class Reason(StrEnum):

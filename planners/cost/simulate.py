@@ -9,7 +9,11 @@ requested (queueing plus startup, sampled). A change of instance type releases t
 pool. Trials are placed best-fit (§5.5); each slot starts as soon as its node is ready and
 runs its trials one after another, each segment's time drawn from the profile (normal: CLT
 per segment plus the straggler spread) times the run's speed (``run_cv``: one draw per
-sample for all its segments). The stage ends with its last slot. Every node is billed by
+sample for all its segments). Where the profile was calibrated, the calibration's error in
+its overheads and unit time (``calibration_cov``) is drawn once per sample too, and moves
+the job's overhead and every segment of the sample alike (``planners.cost.layout``): a
+forecast made from a few short runs is uncertain by more than the runs' own spread. The
+stage ends with its last slot. Every node is billed by
 its type's rule from request (or from running) to release. Chains run side by side; JCT is
 the last chain's end.
 
@@ -64,10 +68,11 @@ import numpy as np
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, InstanceType
 from planners.cost.draws import DURATION, HELD, LIFETIME, QUEUE, SPOT, STARTUP, Draws
+from planners.cost.layout import StageLayout, packed, stage_layout
 from planners.cost.outcome import ChainRun, Outcome
 from planners.cost.pool import Array, NodePool
 from planners.cost.trace import SegmentSpan, Trace
-from planners.staging import Profile, StaticFluid, Work, best_rigid, place
+from planners.staging import Profile
 from planners.staging.placement import Placement
 
 _MAX_ROUNDS = 1000  # replacements per node and stage before a stage counts as never ending
@@ -173,7 +178,9 @@ class PlanSimulator:
         self.holding = dict(holding or {})
         self.draws = Draws(seed, samples)
         self._chains: dict[tuple[StagePlan, ...], ChainRun] = {}
-        self._layouts: dict[tuple[StagePlan, str], tuple[Placement, Array, Array, Array]] = {}
+        self._layouts: dict[tuple[StagePlan, str], StageLayout] = {}
+        cov = profile.calibration_cov
+        self._fit = None if cov is None else self.draws.fit(cov)  # S x (F, o, c, t)
         self._prefixes: dict[tuple[StagePlan, ...], _ChainState] = {}
 
     # --- public -------------------------------------------------------------------------
@@ -253,7 +260,10 @@ class PlanSimulator:
         # A chain in flight still has the job's overhead ahead where it is spent at the
         # job's end; counting all of it again errs on the safe side.
         profile = self.profile
-        state = _ChainState.start(self.draws.job(profile.job_overhead_s, profile.job_overhead_sd))
+        start = self.draws.job(profile.job_overhead_s, profile.job_overhead_sd)
+        if self._fit is not None:
+            start = np.maximum(start + self._fit[:, 0], 0.0)
+        state = _ChainState.start(start)
         last = self.holding.get(chain[0].bracket)
         if last is not None:  # in flight: it holds its last stage's nodes, ready now
             instance = self.catalog.get(last.instance_type, "plan.instance_type")
@@ -324,17 +334,23 @@ class PlanSimulator:
         """Run ``stage`` on the chain's pool: a slot starts as soon as its node is ready and
         the stage ends with its last slot; spot nodes interrupted meanwhile are replaced."""
         pool = state.held
-        placement, mean, sd, unit = self._layout(stage, instance)
+        layout = self._layout(stage, instance)
+        placement = layout.placement
         slot_ready = np.maximum(state.now[:, None], pool.ready[:, placement.slot_nodes])
         if trace is not None:
-            durations = mean[None, :]
+            durations = layout.mean[None, :]
         else:
             z = self.draws.normals(stage.bracket, stage.rung, DURATION, stage.trials)
-            durations = np.maximum(mean + sd * z, 0.0) * self.draws.speed(self.profile.run_cv)
+            mean = layout.mean + (0.0 if self._fit is None else self._fit[:, 1:] @ layout.basis)
+            durations = np.maximum(mean + layout.sd * z, 0.0) * self.draws.speed(
+                self.profile.run_cv
+            )
         hits = np.zeros(len(state.now))
         if pool.fails is not None:
             busy = slot_ready + durations @ placement.gather
-            busy, pool, charge, hits = self._interrupt(stage, placement, pool, busy, unit)
+            busy, pool, charge, hits = self._interrupt(
+                stage, placement, pool, busy, layout.slot_unit
+            )
             state.released = state.released + charge
             end = busy.max(axis=1)
         elif placement.waves == 1:
@@ -409,69 +425,16 @@ class PlanSimulator:
             fails = np.where(hit, ready + life, fails)
         return dataclasses.replace(pool, request=request, ready=ready, fails=fails), charges
 
-    def _layout(
-        self, stage: StagePlan, instance: InstanceType
-    ) -> tuple[Placement, Array, Array, Array]:
-        """The stage's placement, every trial's mean and sd segment time (rank order), and
-        per slot the mean time of one resource unit: what an interruption loses at most
-        since the last checkpoint (the whole segment when it is shorter than a unit)."""
+    def _layout(self, stage: StagePlan, instance: InstanceType) -> StageLayout:
         key = (stage, instance.name)
-        layout = self._layouts.get(key)
-        if layout is None:
-            stage = self.packed(stage, instance)
-            wide = max(stage.sizes)
-            if wide > instance.gpus:
-                # The profile times workers that share one node (NVLink/PCIe); a trial
-                # spanning nodes would all-reduce over the network, which nothing here models.
-                raise ValueError(
-                    f"stage (bracket {stage.bracket}, rung {stage.rung}): a trial of "
-                    f"{wide:g} GPUs does not fit one {instance.name} node ({instance.gpus} "
-                    f"GPUs); the cost model times only trials whose workers share one node"
-                )
-            mean, sd, unit = [], [], []
-            for tier in stage.tiers:
-                m, s = self.profile.segment(tier.gpus, tier.resource, instance, tier.start == 0)
-                mean += [m] * tier.trials
-                sd += [s] * tier.trials
-                per_unit = self.profile.timing(tier.gpus, instance).mean
-                unit += [per_unit * min(1.0, tier.resource)] * tier.trials
-            placement = place(stage.sizes, instance.gpus, stage.instances)
-            slot_unit = (placement.gather * np.array(unit)[:, None]).max(axis=0)
-            layout = (placement, np.array(mean), np.array(sd), slot_unit)
-            self._layouts[key] = layout
-        return layout
+        if key not in self._layouts:
+            self._layouts[key] = stage_layout(self.profile, stage, instance, self.packing)
+        return self._layouts[key]
 
     def packed(self, stage: StagePlan, instance: InstanceType) -> StagePlan:
-        """With packing, the stage as Fluid runs it (docs/algorithms.md §6.3): its trials are
-        packed over the stage's ``instances x gpus`` GPUs, each trial's workers on one node
-        (StaticFluid, or one width for all where that is shorter:
-        :func:`planners.staging.fluid.best_rigid`), and take those widths; the nodes, and so the
-        bill's shape, stay the plan's. Without packing, or where the widths would need a
-        slot structure that best-fit placement cannot hold, the stage as planned."""
-        if not self.packing or any(tier.resource <= 0 for tier in stage.tiers):
-            return stage
-        unit = self.profile.timing(1.0, instance).mean
-        trials = [tier for tier in stage.tiers for _ in range(tier.trials)]
-        packer = StaticFluid(
-            self.profile,
-            stage.instances * instance.gpus,
-            gpus_per_node=instance.gpus,
-            max_share=max(self.profile.sharing, default=1),
-        )
-        group = [Work(i, t.resource, unit) for i, t in enumerate(trials)]
-        widths = best_rigid(packer, group).widths
-        tiers = []
-        for index, tier in enumerate(stage.tiers):
-            first = sum(t.trials for t in stage.tiers[:index])
-            mine = sorted((widths[first + i] for i in range(tier.trials)), reverse=True)
-            for width in dict.fromkeys(mine):
-                tiers.append(dataclasses.replace(tier, trials=mine.count(width), gpus=width))
-        packed = stage.replace(tiers=tuple(tiers))
-        try:
-            place(packed.sizes, instance.gpus, stage.instances)
-        except ValueError:  # a width that no slot of the first wave has
-            return stage
-        return packed
+        """The stage as this simulator runs it: :func:`planners.cost.layout.packed` with
+        packing, else as planned."""
+        return packed(self.profile, stage, instance) if self.packing else stage
 
     @staticmethod
     def _record(

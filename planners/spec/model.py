@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from planners.spec.covariance import Covariance
 from planners.spec.geometry import floor_log
 
 
@@ -412,6 +413,7 @@ class ProfileSpec(StrictModel):
     # Run-to-run spread of the segments' speed, relative: a run the machine slows or speeds
     # up as a whole (every segment of it alike), which the segments' spread averages away.
     run_cv: NonNegativeFloat = 0.0
+    calibration_cov: Covariance | None = None  # how far the calibration may be off
     speedup: dict[PositiveFloat, PositiveFloat] | None = None
     serial_fraction: float | None = Field(default=None, ge=0, lt=1)
     gpus: list[PositiveFloat] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1)

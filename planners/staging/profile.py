@@ -16,7 +16,11 @@ as ``sqrt(r) * sd(g)`` (docs/algorithms.md §5.3); a per-segment straggler facto
 ``segment_cv`` (a slow node stays slow for the whole segment), whose sd grows as
 ``r * t(g) * segment_cv``; and a per-run factor ``run_cv`` shared by every segment of a run
 (a machine slower or faster for a whole run), which the many segments of a job do not
-average away.
+average away. A calibrated profile also knows how far its own numbers may be off:
+``calibration_cov``, the covariance of the errors in ``job_overhead_s``, ``overhead_s``,
+``trial_overhead_s`` and ``seconds_per_unit`` (relative), in that order, which a run
+meets once, in all its segments alike (``elastune profile`` estimates them from a few
+short runs: flows/calibrate.py).
 
 A profile comes from the job file's ``profile:`` section (:meth:`Profile.from_spec`), from
 numbers measured by ``elastune profile`` (:meth:`Profile.from_measurements`), from a
@@ -57,6 +61,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from planners.spec import SpecError
+from planners.spec.covariance import SIZE, covariance_problem
 from planners.spec.model import ProfileSpec
 
 
@@ -106,6 +111,9 @@ class Profile:
         job_overhead_sd: Their spread from one run of the job to the next.
         run_cv: The segments' speed from one run of the job to the next, relative: one
             factor for every segment of a run.
+        calibration_cov: The covariance of the errors in ``job_overhead_s``,
+            ``overhead_s``, ``trial_overhead_s`` and ``seconds_per_unit`` (relative), as
+            estimated; ``None``: taken as exact.
         gpu: GPU model the timings were measured on; ``None`` means any model.
         gpu_speed: Throughput of other GPU models relative to ``gpu`` (2.0: twice as
             fast): the job file's ``speed``.
@@ -118,6 +126,7 @@ class Profile:
     job_overhead_s: float = 0.0
     job_overhead_sd: float = 0.0
     run_cv: float = 0.0
+    calibration_cov: tuple[tuple[float, ...], ...] | None = None
     gpu: str | None = None
     gpu_speed: Mapping[str, float] = field(default_factory=dict)
 
@@ -148,6 +157,14 @@ class Profile:
         ):
             if not value >= 0:
                 raise ProfileError(f"profile.{name}: must be >= 0, got {value}")
+        if self.calibration_cov is not None:
+            cov = tuple(tuple(float(v) for v in row) for row in self.calibration_cov)
+            object.__setattr__(self, "calibration_cov", cov)
+            problem = covariance_problem(cov)
+            if problem is not None or len(cov) != SIZE:
+                raise ProfileError(
+                    f"profile.calibration_cov: {problem or f'must be {SIZE} x {SIZE}'}"
+                )
         for model, factor in self.gpu_speed.items():
             if not factor > 0:
                 raise ProfileError(f"profile.speed.{model}: must be > 0, got {factor}")
@@ -199,6 +216,7 @@ class Profile:
             "job_overhead_s": spec.job_overhead_s,
             "job_overhead_sd": spec.job_overhead_sd,
             "run_cv": spec.run_cv,
+            "calibration_cov": spec.calibration_cov,
             "gpu": spec.gpu,
             "gpu_speed": dict(spec.speed),
         }
@@ -284,6 +302,8 @@ class Profile:
             out["job_overhead_sd"] = self.job_overhead_sd
         if self.run_cv:
             out["run_cv"] = self.run_cv
+        if self.calibration_cov is not None:
+            out["calibration_cov"] = [list(row) for row in self.calibration_cov]
         if self.gpu is not None:
             out["gpu"] = self.gpu
         if self.gpu_speed:
