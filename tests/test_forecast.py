@@ -235,6 +235,11 @@ def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
         "trial_overhead_s": 0.05,
         "job_overhead_s": 2.0,
     }
+    # The resumed waves ran 0.5 s slower each: o would come out 0.7 s, more than the 0.25 s
+    # a new trial's segment spends outside its units, measured by the new waves alone.
+    slow = {run: [wall + (1.0 if run.resumes else 0.0)] for run, wall in exact.items()}
+    solved = solve(slow, 2.0, 9.9)
+    assert (solved["overhead_s"], solved["trial_overhead_s"]) == (0.25, 0.0)
     # Longer units ran faster: noise; one run each: no spread known.
     noisy = {Run(1, 1): [3.0], Run(4, 1): [6.0], Run(4, 3): [5.9], Run(4, 1, True): [8.0]}
     assert solve(noisy, 1.0, 0.1)["seconds_per_unit"] == 0.1
