@@ -205,8 +205,8 @@ def solve(walls: dict[Run, list[float]], level: float, fallback_t: float) -> dic
 def covariance(
     walls: dict[Run, list[float]], level: float, spreads: tuple[float, float], job: float, t: float
 ) -> list[list[float]] | None:
-    """The covariance of the errors in ``F``, ``o``, ``c`` and ``t / t`` that the medians'
-    own noise puts in :func:`estimate`: each job's median is off by its run-to-run spread
+    """The covariance of the errors in ``F``, ``o``, ``c`` and ``t`` (relative to ``t``) that
+    the medians' own noise puts in :func:`estimate`: each job's median is off by its spread
     (:func:`spread`) over its repeats (a median of ``n`` varies ``pi / 2n`` times one run's
     variance: its large-``n`` value, a little above the exact 0.449 at 3), and the estimate
     is linear in them. ``None`` where the repeats gave no spread."""

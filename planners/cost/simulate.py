@@ -13,9 +13,8 @@ sample for all its segments). Where the profile was calibrated, the calibration'
 its overheads and unit time (``calibration_cov``) is drawn once per sample too, and moves
 the job's overhead and every segment of the sample alike (``planners.cost.layout``): a
 forecast made from a few short runs is uncertain by more than the runs' own spread. The
-stage ends with its last slot. Every node is billed by
-its type's rule from request (or from running) to release. Chains run side by side; JCT is
-the last chain's end.
+stage ends with its last slot. Every node is billed by its type's rule from request (or
+from running) to release. Chains run side by side; JCT is the last chain's end.
 
 Spot capacity [OWN model]: a stage may run on spot instances (``StagePlan.market``), at
 the catalog's discounted price. Each running spot instance is interrupted as a Poisson
@@ -342,15 +341,13 @@ class PlanSimulator:
         else:
             z = self.draws.normals(stage.bracket, stage.rung, DURATION, stage.trials)
             mean = layout.mean + (0.0 if self._fit is None else self._fit[:, 1:] @ layout.basis)
-            durations = np.maximum(mean + layout.sd * z, 0.0) * self.draws.speed(
-                self.profile.run_cv
-            )
+            speed = self.draws.speed(self.profile.run_cv)
+            durations = np.maximum(mean + layout.sd * z, 0.0) * speed
         hits = np.zeros(len(state.now))
         if pool.fails is not None:
             busy = slot_ready + durations @ placement.gather
-            busy, pool, charge, hits = self._interrupt(
-                stage, placement, pool, busy, layout.slot_unit
-            )
+            unit = layout.slot_unit
+            busy, pool, charge, hits = self._interrupt(stage, placement, pool, busy, unit)
             state.released = state.released + charge
             end = busy.max(axis=1)
         elif placement.waves == 1:
