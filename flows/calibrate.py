@@ -199,6 +199,8 @@ def solve(walls: dict[Run, list[float]], level: float, fallback_t: float) -> dic
     cov = covariance(walls, level, (fixed, relative), max(0.0, job), t)
     if cov is not None:
         solved["calibration_cov"] = cov
+        # each job's repeats give their count less one, the spread's two parts take two
+        solved["calibration_dof"] = sum(len(values) - 1 for values in walls.values()) - 2
     return solved
 
 

@@ -8,6 +8,7 @@ import pytest
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
 from planners.cost.baselines import static_pool
 from planners.cost.catalog import parse_catalog
+from planners.cost.draws import Draws
 from planners.cost.simulate import PlanSimulator
 from planners.staging import Profile, nodes_needed
 
@@ -175,3 +176,12 @@ def test_the_calibrations_error_widens_the_band_once_per_run() -> None:
         PlanSimulator(PER_SECOND, zero, samples=50).run(chain).jct,
         PlanSimulator(PER_SECOND, profile(), samples=50).run(chain).jct,
     )
+
+
+def test_spreads_estimated_from_few_runs_make_a_runs_draws_student_t() -> None:
+    """With 6 degrees of freedom a run's speed draw has Student-t's 95% quantile (1.943 sd
+    above its mean, t tables), not the normal's 1.645; the other draws stay normal."""
+    estimated, known = Draws(seed=0, samples=40_000, dof=6), Draws(seed=0, samples=40_000)
+    assert np.quantile(estimated.speed(0.1), 0.95) == pytest.approx(1 + 0.1 * 1.943, abs=0.006)
+    assert np.quantile(known.speed(0.1), 0.95) == pytest.approx(1 + 0.1 * 1.645, abs=0.006)
+    assert np.array_equal(estimated.normals(0, 0, 0, 3), known.normals(0, 0, 0, 3))

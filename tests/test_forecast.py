@@ -219,6 +219,7 @@ def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
     walls = {run: [wall - 0.05, wall + 0.05] for run, wall in exact.items()}
     solved = solve(walls, 2.0, 9.9)
     assert solved.pop("calibration_cov")  # the medians' noise: next test
+    assert solved.pop("calibration_dof") == 4 * (2 - 1) - 2  # two runs each, two spreads
     assert solved == {
         "seconds_per_unit": 0.5,
         "overhead_s": 0.2,
@@ -228,7 +229,7 @@ def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
         "run_cv": 0.0,  # the long jobs spread as the short ones: the start's spread alone
     }
     slowed = {run: [wall, wall * 1.3, wall] for run, wall in exact.items()}
-    spreads = ("job_overhead_sd", "run_cv", "calibration_cov")
+    spreads = ("job_overhead_sd", "run_cv", "calibration_cov", "calibration_dof")
     assert {k: v for k, v in solve(slowed, 2.0, 9.9).items() if k not in spreads} == {
         "seconds_per_unit": 0.5,  # one run in three 30% slower: the medians do not move
         "overhead_s": 0.2,

@@ -11,6 +11,10 @@ Example (a plan with one more node sees the same draws for the nodes it shares):
     ((3, 2), (3, 5), True)
     >>> bool((Draws(seed=1, samples=3).normals(0, 1, DURATION, 2) == two).all())
     False
+
+A run's own draws (its overhead, its speed, the calibration's error) are normal where the
+profile's spreads are known, and Student-t where they were estimated (``dof``): a band made
+from a few repeats widens by what the estimate does not know.
 """
 
 from __future__ import annotations
@@ -35,10 +39,17 @@ SPOT = 8  # replacement round r of a stage: SPOT + 8r + 0..3 (busy) and + 4..6 (
 class Draws:
     """Random draws per stream, ``samples`` per column (see the module docstring)."""
 
-    def __init__(self, seed: int, samples: int):
+    def __init__(self, seed: int, samples: int, dof: float | None = None):
         self.seed = seed
         self.samples = samples
         self._draws: dict[tuple[int, int, int], Array] = {}
+        self.scale = np.ones(samples) if dof is None else self._scale(max(1, round(dof)))
+
+    def _scale(self, dof: int) -> Array:
+        """``sqrt(dof / chi2(dof))`` per sample: the run-to-run spreads were estimated with
+        ``dof`` degrees of freedom, so a run's own draws, scaled by it, are Student-t."""
+        chi2 = (self.normals(0, 1, RUN, dof) ** 2).sum(axis=1)
+        return np.sqrt(dof / chi2)
 
     def normals(self, bracket: int, rung: int, purpose: int, columns: int) -> Array:
         """``samples x columns`` standard normals, fixed per (bracket, rung, purpose).
@@ -65,17 +76,17 @@ class Draws:
 
     def job(self, mean: float, sd: float) -> Array:
         """The job's own overhead per sample (S): one draw for every chain of the job."""
-        return np.maximum(mean + sd * self.normals(0, 0, JOB, 1)[:, 0], 0.0)
+        return np.maximum(mean + sd * self.scale * self.normals(0, 0, JOB, 1)[:, 0], 0.0)
 
     def speed(self, cv: float) -> Array:
         """The run's time factor per sample (S x 1): one draw for every segment of every chain."""
-        return np.maximum(1.0 + cv * self.normals(0, 0, RUN, 1), 0.1)
+        return np.maximum(1.0 + cv * self.scale[:, None] * self.normals(0, 0, RUN, 1), 0.1)
 
     def fit(self, cov: Sequence[Sequence[float]]) -> Array:
         """Errors with covariance ``cov`` per sample (S x len(cov)): one draw for the run."""
         values, vectors = np.linalg.eigh(np.asarray(cov, dtype=float))
         root = vectors * np.sqrt(np.clip(values, 0.0, None))  # root @ root.T == cov
-        return self.normals(0, 0, FIT, len(values)) @ root.T
+        return (self.normals(0, 0, FIT, len(values)) @ root.T) * self.scale[:, None]
 
     def delays(
         self, instance: InstanceType, stage: StagePlan, purposes: tuple[int, int], columns: int

@@ -175,7 +175,7 @@ class PlanSimulator:
             profile.check_packable()
         self.packing = packing
         self.holding = dict(holding or {})
-        self.draws = Draws(seed, samples)
+        self.draws = Draws(seed, samples, profile.calibration_dof)
         self._chains: dict[tuple[StagePlan, ...], ChainRun] = {}
         self._layouts: dict[tuple[StagePlan, str], StageLayout] = {}
         cov = profile.calibration_cov

@@ -410,10 +410,10 @@ class ProfileSpec(StrictModel):
     job_overhead_s: NonNegativeFloat = 0.0
     # Run-to-run spread of a job's wall outside its units (start, server, dispatch jitter).
     job_overhead_sd: NonNegativeFloat = 0.0
-    # Run-to-run spread of the segments' speed, relative: a run the machine slows or speeds
-    # up as a whole (every segment of it alike), which the segments' spread averages away.
+    # Run-to-run spread of the segments' speed, relative: a run the machine slows as a whole.
     run_cv: NonNegativeFloat = 0.0
     calibration_cov: Covariance | None = None  # how far the calibration may be off
+    calibration_dof: PositiveFloat | None = None  # the spreads' degrees of freedom
     speedup: dict[PositiveFloat, PositiveFloat] | None = None
     serial_fraction: float | None = Field(default=None, ge=0, lt=1)
     gpus: list[PositiveFloat] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1)

@@ -114,6 +114,9 @@ class Profile:
         calibration_cov: The covariance of the errors in ``job_overhead_s``,
             ``overhead_s``, ``trial_overhead_s`` and ``seconds_per_unit`` (relative), as
             estimated; ``None``: taken as exact.
+        calibration_dof: The degrees of freedom the run-to-run spreads (``job_overhead_sd``,
+            ``run_cv``, and so ``calibration_cov``) were estimated with: a run's draws are
+            then Student-t; ``None``: the spreads taken as exact.
         gpu: GPU model the timings were measured on; ``None`` means any model.
         gpu_speed: Throughput of other GPU models relative to ``gpu`` (2.0: twice as
             fast): the job file's ``speed``.
@@ -127,6 +130,7 @@ class Profile:
     job_overhead_sd: float = 0.0
     run_cv: float = 0.0
     calibration_cov: tuple[tuple[float, ...], ...] | None = None
+    calibration_dof: float | None = None
     gpu: str | None = None
     gpu_speed: Mapping[str, float] = field(default_factory=dict)
 
@@ -165,6 +169,8 @@ class Profile:
                 raise ProfileError(
                     f"profile.calibration_cov: {problem or f'must be {SIZE} x {SIZE}'}"
                 )
+        if self.calibration_dof is not None and not self.calibration_dof > 0:
+            raise ProfileError(f"profile.calibration_dof: must be > 0, got {self.calibration_dof}")
         for model, factor in self.gpu_speed.items():
             if not factor > 0:
                 raise ProfileError(f"profile.speed.{model}: must be > 0, got {factor}")
@@ -217,6 +223,7 @@ class Profile:
             "job_overhead_sd": spec.job_overhead_sd,
             "run_cv": spec.run_cv,
             "calibration_cov": spec.calibration_cov,
+            "calibration_dof": spec.calibration_dof,
             "gpu": spec.gpu,
             "gpu_speed": dict(spec.speed),
         }
@@ -304,6 +311,8 @@ class Profile:
             out["run_cv"] = self.run_cv
         if self.calibration_cov is not None:
             out["calibration_cov"] = [list(row) for row in self.calibration_cov]
+        if self.calibration_dof is not None:
+            out["calibration_dof"] = self.calibration_dof
         if self.gpu is not None:
             out["gpu"] = self.gpu
         if self.gpu_speed:
