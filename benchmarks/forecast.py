@@ -7,7 +7,8 @@ calibrated by four small jobs), the profile and a deadline added to the job file
 ``elastune plan JOB --json``, ``elastune run JOB --json``. Jobs: digits with SHA, and the
 LCBench replay trainable (:func:`lcbench_slow`) with Hyperband and SHA, at 0.2 s and 0.5 s
 epochs. Goal: every job within 10% of its p50, none above its p95. Beside the p95, the same
-plan's p95 were the calibrated numbers exact (the profile without ``calibration_cov``).
+plan's p95 were the calibrated numbers and spreads exact (the profile without
+``calibration_cov`` and ``calibration_dof``: the band before session 19).
 Writes benchmarks/results/forecast.json.
 
     python benchmarks/forecast.py            # the four jobs, about 4 minutes each
@@ -145,8 +146,8 @@ def one(name: str, job: dict[str, Any], epoch_s: str, shares: str = "1") -> dict
         planned = {**job, "name": name, "budget": {"deadline": "1h"}, "profile": profile}
         path.write_text(yaml.safe_dump(planned))
         plan = elastune(["plan", str(path)], folder, epoch_s)
-        # the same plan's band were the calibrated numbers exact: what calibration_cov adds
-        exact = {k: v for k, v in profile.items() if k != "calibration_cov"}
+        # the same plan's band were the calibration exact: what its own error adds
+        exact = {k: v for k, v in profile.items() if not k.startswith("calibration_")}
         path.write_text(yaml.safe_dump({**planned, "profile": exact}))
         exact_band = elastune(["plan", str(path)], folder, epoch_s)["jct_s"]
         path.write_text(yaml.safe_dump(planned))

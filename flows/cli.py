@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flows.collector import exit_uncollected, start_uncollected
@@ -252,19 +253,31 @@ def cmd_profile(args: argparse.Namespace) -> int:
         # in-process timings (docs/cli.md, profile).
         result["profile"], result["calibration_walls_s"] = calibrate(spec, result["profile"])
     if args.out:
-        import yaml
-
-        with open(args.out, "w") as out:
-            yaml.safe_dump({"profile": result["profile"]}, out, sort_keys=False)
+        Path(args.out).write_text(profile_yaml(result["profile"]))
 
     def human(data: dict[str, Any]) -> None:
-        import yaml
-
         print(f"# measured on {data['device']}: {data['configs']} configs x {data['units']} units")
-        print(yaml.safe_dump({"profile": data["profile"]}, sort_keys=False), end="")
+        print(profile_yaml(data["profile"]), end="")
 
     _emit(result, args.json, human)
     return 0
+
+
+def profile_yaml(profile: dict[str, Any]) -> str:
+    """The job file's ``profile:`` section, a matrix's rows one to a line."""
+    import yaml
+
+    class Row(list):  # type: ignore[type-arg]
+        pass
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(
+        Row, lambda dumper, row: dumper.represent_sequence("tag:yaml.org,2002:seq", row, True)
+    )
+    rows = {k: [Row(r) for r in v] for k, v in profile.items() if k == "calibration_cov"}
+    return yaml.dump({"profile": {**profile, **rows}}, Dumper=Dumper, sort_keys=False)
 
 
 # --- simulate ---------------------------------------------------------------------------

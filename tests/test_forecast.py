@@ -344,3 +344,14 @@ def test_the_runs_speed_spread_widens_the_forecast_with_the_segments() -> None:
     assert spread_p50 == pytest.approx(p50, rel=0.01)
     # One factor for every segment of a run: the whole segments' time moves with it.
     assert spread_p95 - p95 == pytest.approx(1.645 * 0.05 * (p50 - 4.0), rel=0.15)
+
+
+def test_the_profile_section_keeps_a_matrix_row_to_a_line() -> None:
+    from flows.cli import profile_yaml
+
+    cov = [[0.04, 0.01, 0.0, 0.0], [0.01, 0.01, 0.0, 0.0], [0.0] * 4, [0.0, 0.0, 0.0, 0.0025]]
+    profile = {"seconds_per_unit": {1: 0.2}, "calibration_cov": cov, "calibration_dof": 6}
+    text = profile_yaml(profile)
+    assert "  - [0.04, 0.01, 0.0, 0.0]\n" in text
+    assert yaml.safe_load(text) == {"profile": profile}
+    parse_job({**job(), **yaml.safe_load(text)})  # and the job file takes it
