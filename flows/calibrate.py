@@ -177,8 +177,7 @@ def solve(walls: dict[Run, list[float]], level: float, fallback_t: float) -> dic
     the calibration jobs' wall seconds, keyed as :func:`runs` gives them, from their
     medians (see the module docstring). Where noise makes ``t`` come out non-positive,
     ``fallback_t``, the in-process timing, is used."""
-    jobs = tuple(walls)
-    medians = np.array([statistics.median(values) for values in walls.values()])
+    jobs, medians = tuple(walls), _medians(walls)
     job, overhead, trial, t = estimate(jobs, medians, level).tolist()
     if t <= 0:
         job, overhead, trial, t = estimate(jobs, medians, level, fallback_t).tolist()
@@ -213,8 +212,7 @@ def covariance(
     variance: its large-``n`` value, a little above the exact 0.449 at 3), and the estimate
     is linear in them. ``None`` where the repeats gave no spread."""
     fixed, relative = spreads
-    jobs = tuple(walls)
-    medians = np.array([statistics.median(values) for values in walls.values()])
+    jobs, medians = tuple(walls), _medians(walls)
     variances = np.array(
         [
             (fixed**2 + (relative * max(0.0, statistics.fmean(values) - job)) ** 2)
@@ -229,6 +227,11 @@ def covariance(
     scale = np.diag([1.0, 1.0, 1.0, 1.0 / t])  # t's error relative: it scales every width
     cov = scale @ jacobian @ np.diag(variances) @ jacobian.T @ scale
     return [[float(f"{value:.4g}") for value in row] for row in cov]
+
+
+def _medians(walls: dict[Run, list[float]]) -> np.ndarray:
+    """Each calibration job's median wall seconds, in :func:`runs` order."""
+    return np.array([statistics.median(values) for values in walls.values()])
 
 
 def spread(walls: dict[Run, list[float]], job: float) -> tuple[float, float]:

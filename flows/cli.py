@@ -276,8 +276,9 @@ def profile_yaml(profile: dict[str, Any]) -> str:
     Dumper.add_representer(
         Row, lambda dumper, row: dumper.represent_sequence("tag:yaml.org,2002:seq", row, True)
     )
-    rows = {k: [Row(r) for r in v] for k, v in profile.items() if k == "calibration_cov"}
-    return yaml.dump({"profile": {**profile, **rows}}, Dumper=Dumper, sort_keys=False)
+    if "calibration_cov" in profile:
+        profile = {**profile, "calibration_cov": [Row(r) for r in profile["calibration_cov"]]}
+    return yaml.dump({"profile": profile}, Dumper=Dumper, sort_keys=False)
 
 
 # --- simulate ---------------------------------------------------------------------------

@@ -43,12 +43,9 @@ class StageLayout:
     basis: Array  # 3 x trials: what the calibration's errors in o, c and t scale (above)
 
 
-def stage_layout(
-    profile: Profile, stage: StagePlan, instance: InstanceType, packing: bool = False
-) -> StageLayout:
-    """``stage`` on ``instance`` nodes, packed first with ``packing`` (:func:`packed`)."""
-    if packing:
-        stage = packed(profile, stage, instance)
+def stage_layout(profile: Profile, stage: StagePlan, instance: InstanceType) -> StageLayout:
+    """``stage`` on ``instance`` nodes, as given (a simulator that packs passes the stage
+    :func:`packed`)."""
     wide = max(stage.sizes)
     if wide > instance.gpus:
         # The profile times workers that share one node (NVLink/PCIe); a trial spanning

@@ -425,7 +425,7 @@ class PlanSimulator:
     def _layout(self, stage: StagePlan, instance: InstanceType) -> StageLayout:
         key = (stage, instance.name)
         if key not in self._layouts:
-            self._layouts[key] = stage_layout(self.profile, stage, instance, self.packing)
+            self._layouts[key] = stage_layout(self.profile, self.packed(stage, instance), instance)
         return self._layouts[key]
 
     def packed(self, stage: StagePlan, instance: InstanceType) -> StagePlan:
