@@ -74,28 +74,29 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
     story.begin(len(pending))
     launcher = Launcher(job.ref, spec.compute.segment_timeout, pool, job.compiled.devices)
     sizer = None if pool is None else PoolSizer(pool.backend, execution, spec.scheduler.name)
-    try:
-        total = None if execution.plan is None else execution.plan.segments
-        with (
-            pool.backend if pool is not None else local_switch_interval(),
-            JobProgress(spec.metric, total) as progress,
-        ):
-            run_segments(job, launcher, sizer, pending, progress, story, held, flight)
-        summary = finish(job, story, held)
-        if flight is not None:
-            summary["replanning"] = flight.to_dict()
-        publish_plan(job, held, summary["wall_seconds"], flight)
-        story.end(summary)
-        return summary
-    except BaseException as exc:
-        story.failed(exc)
-        launcher.wait_all()
-        job.abort(bad_input=isinstance(exc, SpecError))
-        raise
-    finally:
-        if pool is not None:
-            story.sized([r for r in pool.backend.records if r.stage == RELEASE_STAGE])
-            publish_sizing(pool.backend.records, key=artifact_key(job.job_id, "pool-sizing"))
+    with launcher.signals:  # a stop waits for the store writes under way (flows/signals.py)
+        try:
+            total = None if execution.plan is None else execution.plan.segments
+            with (
+                pool.backend if pool is not None else local_switch_interval(),
+                JobProgress(spec.metric, total) as progress,
+            ):
+                run_segments(job, launcher, sizer, pending, progress, story, held, flight)
+            summary = finish(job, story, held)
+            if flight is not None:
+                summary["replanning"] = flight.to_dict()
+            publish_plan(job, held, summary["wall_seconds"], flight)
+            story.end(summary)
+            return summary
+        except BaseException as exc:
+            story.failed(exc)
+            launcher.wait_all()
+            job.abort(bad_input=isinstance(exc, SpecError))
+            raise
+        finally:
+            if pool is not None:
+                story.sized([r for r in pool.backend.records if r.stage == RELEASE_STAGE])
+                publish_sizing(pool.backend.records, key=artifact_key(job.job_id, "pool-sizing"))
 
 
 def publish_plan(

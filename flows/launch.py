@@ -1,6 +1,7 @@
 """A job's segments in flight: each a Prefect task run, training in the driver's process
 (the local pool) or on a work pool's workers (flows/pools.py, flows/warm_pool.py), and
-collected in the order they finish (each future's done callback queues it).
+collected in the order they finish (each future's done callback queues it). Waiting for
+the next one is where the driver takes SIGTERM and SIGINT (flows/signals.py).
 
 A segment that fails to produce a report (its worker was lost on every retry, or it ran
 over ``compute.segment_timeout``) comes back as a failed report: its trial fails, the job
@@ -17,6 +18,7 @@ from prefect.task_engine import TaskRunTimeoutError
 
 from flows.pools import Launched, PoolTarget
 from flows.segment import WorkerLost
+from flows.signals import HeldSignals
 from planners.search.schedulers.base import Segment
 from planners.staging.devices import LocalDevices
 from tasks.train import JobRef, SegmentReport, train_segment
@@ -43,6 +45,8 @@ class Launcher:
         self.assigned = None if pool is not None or devices is None else LocalDevices(devices)
         self._flight: dict[Launched, Segment] = {}
         self._done: queue.SimpleQueue[Launched] = queue.SimpleQueue()
+        # Held in the driver's ``with launcher.signals:`` block, delivered in next_report.
+        self.signals = HeldSignals()
 
     @property
     def running(self) -> list[Segment]:
@@ -68,7 +72,8 @@ class Launcher:
 
     def next_report(self) -> tuple[Segment, SegmentReport]:
         """Wait for the next segment to finish; it and its report."""
-        future = self._done.get()
+        with self.signals.delivered():
+            future = self._done.get()
         segment = self._flight.pop(future)
         if self.assigned is not None:
             self.assigned.release(segment.trial)

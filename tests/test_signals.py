@@ -1,0 +1,85 @@
+"""The driver holds SIGTERM and SIGINT while it writes to its stores and takes them where it
+waits (flows/signals.py); an end-to-end stop is tests/test_ephemeral.py's sigterm-group."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from flows.signals import HeldSignals
+
+
+class Stopped(Exception):
+    pass
+
+
+@pytest.fixture
+def stopping() -> Iterator[list[int]]:
+    """SIGTERM raises Stopped (as Prefect's handler raises TerminationSignal)."""
+    seen: list[int] = []
+
+    def handler(signum: int, _frame: object) -> None:
+        seen.append(signum)
+        raise Stopped
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    yield seen
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_held_signal_reaches_the_handler_where_the_driver_waits(stopping: list[int]) -> None:
+    with HeldSignals() as signals:
+        signal.raise_signal(signal.SIGTERM)
+        written = True  # the store write under way ends
+        assert stopping == []
+        with pytest.raises(Stopped), signals.delivered():
+            pytest.fail("the held signal was not delivered on entering the wait")
+    assert written and stopping == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) != signals._caught  # the handler is back
+
+
+def test_a_signal_while_waiting_goes_straight_to_the_handler(stopping: list[int]) -> None:
+    waited_on = False
+    with pytest.raises(Stopped), HeldSignals() as signals, signals.delivered():
+        signal.raise_signal(signal.SIGTERM)
+        waited_on = True
+    assert not waited_on and stopping == [signal.SIGTERM]
+
+
+def test_a_signal_held_at_the_end_is_delivered_then(stopping: list[int]) -> None:
+    with pytest.raises(Stopped), HeldSignals():
+        signal.raise_signal(signal.SIGTERM)
+    assert stopping == [signal.SIGTERM]
+
+
+def test_a_second_signal_is_delivered_at_once(stopping: list[int]) -> None:
+    """A driver stuck outside its wait still ends."""
+    went_on = False
+    with pytest.raises(Stopped), HeldSignals():
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
+        went_on = True
+    assert not went_on and stopping == [signal.SIGTERM]
+
+
+def test_sigint_is_held_too() -> None:
+    with pytest.raises(KeyboardInterrupt), HeldSignals():
+        signal.raise_signal(signal.SIGINT)
+        held = True
+    assert held
+
+
+def test_outside_the_main_thread_it_does_nothing(stopping: list[int]) -> None:
+    installed = []
+
+    def work() -> None:
+        with HeldSignals() as signals, signals.delivered():
+            installed.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert installed == [signal.getsignal(signal.SIGTERM)]
