@@ -74,9 +74,11 @@ class Draws:
             draws = self._draws[key] = draws.T
         return draws[:, :columns]
 
-    def job(self, mean: float, sd: float) -> Array:
-        """The job's own overhead per sample (S): one draw for every chain of the job."""
-        return np.maximum(mean + sd * self.scale * self.normals(0, 0, JOB, 1)[:, 0], 0.0)
+    def job(self, mean: float, sd: float, shift: Array | None = None) -> Array:
+        """The job's own overhead per sample (S): one draw for every chain of the job; a
+        calibration error ``shift`` (per sample) moves the mean before the cut at 0."""
+        overhead = mean + sd * self.scale * self.normals(0, 0, JOB, 1)[:, 0]
+        return np.maximum(overhead if shift is None else overhead + shift, 0.0)
 
     def speed(self, cv: float) -> Array:
         """The run's time factor per sample (S x 1): one draw for every segment of every chain."""

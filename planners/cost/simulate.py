@@ -259,9 +259,8 @@ class PlanSimulator:
         # A chain in flight still has the job's overhead ahead where it is spent at the
         # job's end; counting all of it again errs on the safe side.
         profile = self.profile
-        start = self.draws.job(profile.job_overhead_s, profile.job_overhead_sd)
-        if self._fit is not None:
-            start = np.maximum(start + self._fit[:, 0], 0.0)
+        shift = None if self._fit is None else self._fit[:, 0]
+        start = self.draws.job(profile.job_overhead_s, profile.job_overhead_sd, shift)
         state = _ChainState.start(start)
         last = self.holding.get(chain[0].bracket)
         if last is not None:  # in flight: it holds its last stage's nodes, ready now
