@@ -13,7 +13,8 @@ handlers that were installed where it waits (:meth:`HeldSignals.delivered`), whi
 it spends nearly all of its time, so a stop is as quick as before. A second signal while
 one is held is delivered at once: a driver stuck outside its wait still ends. Prefect's
 handler is the installed one while the driver waits, so a cancellation from Prefect's UI
-is acknowledged as before.
+that arrives then is acknowledged as before (one that arrives during a write ends the run
+as crashed, as a cancellation Prefect cannot acknowledge does).
 """
 
 from __future__ import annotations
