@@ -53,6 +53,16 @@ RECORDER_BATCHES = {
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "100",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
 }
+# Prefect's server registers every installed collection's block types when it starts:
+# it imports each collection (prefect-aws: boto3, aiohttp) and hashes the registry even when
+# its memo says nothing changed, about 1 s of CPU on the core the command imports on. The
+# job's own server needs no block type: a local job saves no block, and a block saved from
+# a client registers its type itself (Block.save). docs/prefect-server.md, "What a Prefect
+# server costs".
+NO_BLOCK_REGISTRATION = {
+    "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "0",
+    "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "0",
+}
 # Prefect's own ephemeral server has no UI and knows it is ephemeral
 # (prefect.server.api.server.SubprocessASGIServer sets the same).
 SERVER_ENV = {
@@ -60,6 +70,7 @@ SERVER_ENV = {
     "PREFECT__SERVER_EPHEMERAL": "1",
     "PREFECT__SERVER_FINAL": "1",
     **RECORDER_BATCHES,
+    **NO_BLOCK_REGISTRATION,
 }
 # The watchdog: wait for end-of-file on stdin, then stop the server (SIGTERM, then SIGKILL
 # if it still runs 5 s later). $0 is the server's pid.
