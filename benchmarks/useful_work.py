@@ -361,13 +361,16 @@ def show(arm: str, seed: int, row: dict[str, Any]) -> None:
 
 def prepare(home: Path) -> None:
     """A Prefect home whose database is already migrated, and the cache's empty MLflow store
-    made, as a user's machine has them after a first run."""
+    and Optuna database made, as a user's machine has them after a first run."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["PREFECT_HOME"] = str(home)
     command = [sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"]
     subprocess.run(command, env=env, check=True, capture_output=True)
-    store = "import sys, pathlib, tasks.tracking as t; t.new_store(pathlib.Path(sys.argv[1]))"
-    command = [sys.executable, "-c", store, str(home / "mlflow.db")]
+    store = (
+        "import sys, pathlib, tasks.tracking as t, tasks.study_storage as s;"
+        "t.new_store(pathlib.Path(sys.argv[1])); s.driver_storage('sqlite:///' + sys.argv[2])"
+    )
+    command = [sys.executable, "-c", store, str(home / "mlflow.db"), str(home / "optuna.db")]
     subprocess.run(command, env={**env, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
 
 

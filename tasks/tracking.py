@@ -32,9 +32,8 @@ from mlflow.utils.uri import (
 )
 
 from planners.spec import SpecError
-from planners.spec.cache import cache_dir, made_once
 from tasks.spool import checkpoint_name, checkpoint_resource
-from tasks.stores import check_folder, first_use, local_uri, sqlite_path
+from tasks.stores import check_folder, copy_of_empty, first_use, local_uri, sqlite_path
 
 CHECKPOINTS = "checkpoints"
 
@@ -82,12 +81,7 @@ def new_store(database: Path) -> None:
         finally:
             engine.dispose()  # the file closed before it is renamed
 
-    try:
-        shutil.copyfile(
-            made_once(cache_dir() / f"mlflow-{mlflow.__version__}-empty.db", make), database
-        )
-    except OSError:
-        database.unlink(missing_ok=True)
+    copy_of_empty(database, f"mlflow-{mlflow.__version__}-empty.db", make)
 
 
 @functools.cache

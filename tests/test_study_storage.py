@@ -3,6 +3,7 @@ are read from memory, so a new trial costs the same beside 10 or 1000 paused tri
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import optuna
@@ -98,3 +99,34 @@ def test_a_resumed_driver_reads_what_its_predecessor_wrote(tmp_path: Path) -> No
     assert fresh.trials[running[0].number].value == 3.0
     with pytest.raises(ValueError, match="Cannot tell a COMPLETE trial"):
         resumed.tell(running[0].number, 4.0)  # Optuna's own check, on the state held
+
+
+def test_a_new_study_database_is_optunas_empty_schema_made_once_per_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new SQLite study database starts from the cache's empty copy: Optuna makes its
+    schema once, not per job; the copy has the schema Optuna makes itself and no study, and
+    a job's study works in it."""
+    import sqlite3
+
+    from tasks import study_storage
+
+    monkeypatch.setenv("ELASTUNE_CACHE", str(tmp_path / "cache"))
+    made = []
+    make = study_storage._make_empty
+    monkeypatch.setattr(study_storage, "_make_empty", lambda d: made.append(make(d)))
+
+    def schema(database: Path) -> list[tuple[str, str]]:
+        """Every table and index as SQLite records the statement that made it."""
+        with contextlib.closing(sqlite3.connect(database)) as connection:
+            return sorted(connection.execute("select name, sql from sqlite_master"))
+
+    first, second = (driver_storage(f"sqlite:///{tmp_path}/{n}.db") for n in "ab")
+    assert len(made) == 1  # the cache's copy; both databases are copies of it
+    optuna.storages.RDBStorage(f"sqlite:///{tmp_path}/own.db")  # Optuna's own
+    assert schema(tmp_path / "b.db") == schema(tmp_path / "own.db")
+    assert optuna.get_all_study_names(second) == []
+    study = optuna.create_study(study_name="job", storage=first, direction="maximize")
+    study.tell(study.ask(SPACE), 0.5)
+    reread = optuna.load_study(study_name="job", storage=f"sqlite:///{tmp_path}/a.db")
+    assert [t.value for t in reread.trials] == [0.5]

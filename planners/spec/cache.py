@@ -1,6 +1,6 @@
 """Where elastune keeps what it makes once per machine and reuses: ``$ELASTUNE_CACHE``, else
-``~/.cache/elastune`` (LCBench tables made from the surrogate, an empty MLflow store), and
-how a file there is made once (:func:`made_once`).
+``~/.cache/elastune`` (LCBench tables made from the surrogate, an empty MLflow store, an
+empty Optuna database), and how a file there is made once (:func:`made_once`).
 
 Example:
     >>> import tempfile
