@@ -72,7 +72,7 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
     story = Story(job)
     pending = recover(job)
     story.begin(len(pending))
-    launcher = Launcher(job.ref, spec.compute.segment_timeout, pool, job.compiled.devices)
+    launcher = Launcher(job.ref, pool, job.compiled.devices)
     sizer = None if pool is None else PoolSizer(pool.backend, execution, spec.scheduler.name)
     with launcher.signals:  # a stop waits for the store writes under way (flows/signals.py)
         try:

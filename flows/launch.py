@@ -4,8 +4,8 @@ collected in the order they finish (each future's done callback queues it). Wait
 the next one is where the driver takes SIGTERM and SIGINT (flows/signals.py).
 
 A segment that fails to produce a report (its worker was lost on every retry, or it ran
-over ``compute.segment_timeout``) comes back as a failed report: its trial fails, the job
-carries on.
+over ``compute.segment_timeout``: tasks/train.py) comes back as a failed report: its trial
+fails, the job carries on.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import queue
 from typing import Any
-
-from prefect.task_engine import TaskRunTimeoutError
 
 from flows.pools import Launched, PoolTarget
 from flows.segment import WorkerLost
@@ -28,18 +26,14 @@ class Launcher:
     """Submits segments and hands back their reports as they finish.
 
     Args:
-        job: What each segment needs to know about its job.
-        timeout: ``compute.segment_timeout`` (None: no limit).
+        job: What each segment needs to know about its job (its ``segment_timeout`` too).
         pool: The work pool segments go to; None: the local pool (this process).
         devices: CUDA devices of this machine that local segments share out (None on CPU
             or on a work pool).
     """
 
-    def __init__(
-        self, job: JobRef, timeout: float | None, pool: PoolTarget | None, devices: int | None
-    ):
+    def __init__(self, job: JobRef, pool: PoolTarget | None, devices: int | None):
         self.ref = job
-        self.timeout = timeout
         self.pool = pool
         # Which of the devices each running trial holds (local jobs with CUDA only).
         self.assigned = None if pool is not None or devices is None else LocalDevices(devices)
@@ -58,15 +52,12 @@ class Launcher:
         """Start ``segment`` at its width (``segment.gpus``), on ``instance_type`` in a
         planned job on a work pool."""
         if self.pool is None:
-            # Prefect's timeout interrupts a trainable stuck in Python code; one blocked
-            # inside a C call ends when the call returns (work-pool mode kills the process).
-            train = train_segment.with_options(timeout_seconds=self.timeout)
             ids = None if self.assigned is None else self.assigned.take(segment.trial, segment.gpus)
-            future = train.submit(self.ref, segment, config, run_id, ids)
+            future = train_segment.submit(self.ref, segment, config, run_id, ids)
         else:
-            future = self.pool.submit(
-                self.ref, segment, config, run_id, instance_type, self.timeout
-            )
+            # The driver's own limit, for a trainable its node's limit cannot end (a C call).
+            timeout = self.ref.segment_timeout
+            future = self.pool.submit(self.ref, segment, config, run_id, instance_type, timeout)
         self._flight[future] = segment
         future.add_done_callback(self._done.put)
 
@@ -81,9 +72,6 @@ class Launcher:
             return segment, future.result()
         except WorkerLost as exc:  # every retry lost its worker
             return segment, SegmentReport.failure(segment, f"worker lost: {exc}")
-        except TaskRunTimeoutError:
-            reason = f"timeout: segment ran over {self.timeout:g} s"
-            return segment, SegmentReport.failure(segment, reason)
 
     def wait_all(self) -> None:
         """Let every segment in flight end (the job is ending with an error)."""

@@ -237,7 +237,7 @@ def launch_segment(
         # Hung: cancelling makes the worker kill the process, which frees its GPUs.
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(run.id, Cancelling(), force=True)
-        return SegmentReport.failure(segment, f"timeout: segment ran over {timeout:g} s")
+        return SegmentReport.timed_out(segment, timeout)
     report = Tracker(job.mlflow_uri, job.experiment).load_report(run_id, report_name(segment))
     if report is None:
         raise WorkerLost(f"flow run {run.name} ended {run.state_name} without a report")

@@ -44,15 +44,13 @@ from prefect.client.orchestration import get_client
 from prefect.context import AsyncClientContext, SyncClientContext
 from prefect.task_worker import StopTaskWorker, TaskWorker
 from prefect.tasks import Task
-from prefect.utilities.timeout import timeout as time_limit
 
 from flows.collector import exit_uncollected
 from infra.warm_nodes import HEARTBEAT_SECONDS, Node
 from planners.search import Segment
 from planners.staging.devices import LocalDevices
 from planners.staging.placement import fits
-from tasks.tracking import Tracker
-from tasks.train import JobRef, SegmentReport, cuda_devices, report_name, run_segment
+from tasks.train import JobRef, cuda_devices, run_segment
 
 FLOW_NAME = "train-segment"
 
@@ -119,28 +117,16 @@ _gate = GpuGate(math.inf)
 
 @task(name="warm-segment", cache_policy=NO_CACHE)
 def warm_segment(
-    job: JobRef,
-    segment: Segment,
-    config: dict[str, Any],
-    run_id: str,
-    timeout: float | None,
-    attempt: int,
+    job: JobRef, segment: Segment, config: dict[str, Any], run_id: str, attempt: int
 ) -> None:
-    """Train one segment on this node once its GPUs are free; the report goes to MLflow,
-    where the driver reads it. ``attempt`` makes each launch's inputs unique, so no cache
-    ever answers for a retry."""
+    """Train one segment on this node once its GPUs are free (within ``job.segment_timeout``,
+    as in local mode); the report goes to MLflow, where the driver reads it. ``attempt``
+    makes each launch's inputs unique, so no cache ever answers for a retry."""
     with _gate.held(segment.gpus):
         with _devices_lock:
             ids = None if _devices is None else _devices.take(segment.trial, segment.gpus)
         try:
-            # Like local mode: the limit interrupts a trainable stuck in Python code.
-            with time_limit(timeout):
-                run_segment(job, segment, config, run_id, gpu_ids=ids)
-        except TimeoutError:
-            # The trial fails as in local mode; the driver reads this report.
-            failure = SegmentReport.failure(segment, f"timeout: segment ran over {timeout:g} s")
-            tracker = Tracker(job.mlflow_uri, job.experiment)
-            tracker.save_report(run_id, report_name(segment), failure.to_dict())
+            run_segment(job, segment, config, run_id, gpu_ids=ids)
         finally:
             if _devices is not None:
                 with _devices_lock:

@@ -337,13 +337,13 @@ def launch_on_node(
             tags = {job_tag(job.job_id), f"node:{node}"}
             send = warm_segment.with_options(name=name, result_storage=pool.storage, tags=tags)
             send = keyed(send, node_key(pool.name, node))
-            arguments = (job, segment, config, run_id, timeout, attempt)
+            arguments = (job, segment, config, run_id, attempt)
             run = contextvars.copy_context().run(detached_delay, send, arguments)
         ended = await_warm(pool, run, node, limit)
     finally:
         pool.placer.give(node, segment.gpus)
     if not ended:
-        return SegmentReport.failure(segment, f"timeout: segment ran over {timeout:g} s")
+        return SegmentReport.timed_out(segment, timeout)
     report = Tracker(job.mlflow_uri, job.experiment).load_report(run_id, report_name(segment))
     if report is None:
         raise WorkerLost(f"segment on node {node} ended without a report")

@@ -34,6 +34,12 @@ Example:
     ...     bool((first == torch.nn.Linear(2, 1).weight).all())
     True
 
+A segment's time limit (``compute.segment_timeout``) raises into the thread running the
+trainable, at whatever instruction it has reached; ``ctx``'s own reads and writes of MLflow
+are shielded from it (Prefect's ``shield``, the counterpart of the limit it sets) and finish
+first: interrupted inside a database transaction, a write could leave a SQLite store locked
+for every process that shares it.
+
 Elastic trials: a segment granted ``g > 1`` GPUs runs the trainable on ``g`` data-parallel
 processes when the trainable declares it can (``train.distributed = True``). Each process
 gets its own ``ctx`` with ``rank``, ``world_size`` and ``device``; the trainable wraps its
@@ -55,6 +61,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from prefect._internal.concurrency.cancellation import shield
 
 from tasks.distributed import GlobalBatches, unwrap, wrap
 from tasks.spool import Spool
@@ -142,12 +149,13 @@ class TrialContext:
         """
         self.objects = objects
         self._restored = True
-        if self._spool is not None:
-            self._hand_over_left()
-        loaded = self._tracker.load_checkpoint(
-            self.run_id,
-            lambda f: torch.load(f, map_location=self.device, weights_only=True),
-        )
+        with shield():
+            if self._spool is not None:
+                self._hand_over_left()
+            loaded = self._tracker.load_checkpoint(
+                self.run_id,
+                lambda f: torch.load(f, map_location=self.device, weights_only=True),
+            )
         if loaded is None:
             return 0
         resource, payload = loaded
@@ -189,8 +197,9 @@ class TrialContext:
         if self._spool is not None:
             self._spool.write(self.run_id, self.resource, buffer.getvalue())
             return
-        self._write_metrics()
-        self._tracker.save_checkpoint(self.run_id, buffer.getvalue(), self.resource)
+        with shield():
+            self._write_metrics()
+            self._tracker.save_checkpoint(self.run_id, buffer.getvalue(), self.resource)
 
     def finish(self) -> None:
         """End the segment: its unwritten metrics and its newest spooled checkpoint go to
@@ -208,7 +217,8 @@ class TrialContext:
 
     def _write_metrics(self) -> None:
         if self._unwritten:
-            self._tracker.log_history(self.run_id, self._unwritten)
+            with shield():
+                self._tracker.log_history(self.run_id, self._unwritten)
         self._unwritten = []
         self._written_at = time.monotonic()
 

@@ -36,6 +36,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
+from prefect.utilities.timeout import timeout as time_limit
 
 from planners.search.schedulers.base import Result, Segment
 from planners.spec import JobSpec, SpecError
@@ -64,6 +65,7 @@ class JobRef:
     max_gpus: int | None = None
     elastic_fallback: bool = False
     seed: int | None = None  # sampler.seed: trials of jobs seeded alike start alike
+    segment_timeout: float | None = None  # compute.segment_timeout (None: no limit)
 
     def trial_seed(self, trial: int) -> int:
         """``ctx.seed`` of a trial: the job's seed mixed with the trial id (the trial id
@@ -85,6 +87,7 @@ class JobRef:
             max_gpus=spec.compute.max_gpus,
             elastic_fallback=spec.compute.elastic_fallback,
             seed=spec.sampler.seed,
+            segment_timeout=spec.compute.segment_timeout,
         )
 
     def loss(self, value: float) -> float:
@@ -108,10 +111,23 @@ class SegmentReport:
         return cls(Result(segment.trial, segment.start, math.inf, failed=True), (), reason)
 
     @classmethod
+    def timed_out(cls, segment: Segment, seconds: float) -> SegmentReport:
+        """A segment its driver gave up on after ``compute.segment_timeout``."""
+        return cls.failure(segment, timeout_reason(seconds))
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SegmentReport:
         result = dict(data["result"])
         result["history"] = tuple(tuple(point) for point in result["history"])
         return cls(Result(**result), tuple(data["metrics_seen"]), data["error"])
+
+
+class SegmentTimeout(TimeoutError):
+    """The trainable ran over ``compute.segment_timeout``."""
+
+
+def timeout_reason(seconds: float) -> str:
+    return f"timeout: segment ran over {seconds:g} s"
 
 
 def report_name(segment: Segment) -> str:
@@ -135,8 +151,9 @@ def train_segment(
     return run_segment(job, segment, config, run_id, gpu_ids=gpu_ids, spool=True)
 
 
-# How long a data-parallel segment may run; also each collective's limit, so a rank that
-# hangs (rather than dies, which is noticed at once) is given up on after this.
+# How long a data-parallel segment may run without ``compute.segment_timeout``; also each
+# collective's limit, so a rank that hangs (rather than dies, which is noticed at once) is
+# given up on after this.
 ELASTIC_TIMEOUT_SECONDS = 7 * 24 * 3600.0
 
 Reports = list[tuple[float, dict[str, float]]]
@@ -151,9 +168,12 @@ def run_segment(
     gpu_ids: Sequence[int] | None = None,
     spool: bool = False,
 ) -> SegmentReport:
-    """Train ``segment`` at its width and keep its report in MLflow. A trainable that raises
-    (or that this worker cannot import) yields a failed result: one trial's failure never
-    ends the job. A width that cannot run raises SpecError (see :func:`segment_width`).
+    """Train ``segment`` at its width and keep its report in MLflow. A trainable that raises,
+    runs over ``job.segment_timeout`` or that this worker cannot import yields a failed
+    result: one trial's failure never ends the job. A width that cannot run raises SpecError
+    (see :func:`segment_width`). The time limit interrupts a trainable stuck in Python code;
+    one blocked inside a C call ends when the call returns (a work pool's driver then gives
+    up on it: flows/pools.py, flows/warm_pool.py).
 
     Args:
         device: Where a single-process segment trains; default ``cuda`` when there is one.
@@ -234,7 +254,7 @@ def _train_at_width(
             int(gpus),
             (job, segment, config, run_id, gpus),
             devices=ids,
-            timeout=ELASTIC_TIMEOUT_SECONDS,
+            timeout=min(job.segment_timeout or math.inf, ELASTIC_TIMEOUT_SECONDS),
             preload=[job.trainable.partition(":")[0]],
         )
     except (DistributedError, TimeoutError) as exc:
@@ -289,7 +309,12 @@ def _train(
             ctx.finish()
         return ctx, None
     try:
-        trainable(dict(config), ctx)
+        # The limit interrupts the trainable's own code only: ctx shields its writes to
+        # MLflow from it, and what was reported before it still reaches MLflow (finish).
+        with time_limit(job.segment_timeout, timeout_exc_type=SegmentTimeout):
+            trainable(dict(config), ctx)
+    except SegmentTimeout:
+        return ctx, timeout_reason(job.segment_timeout)
     except Exception as exc:
         error = "".join(traceback.format_exception_only(exc)).strip()
         error += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -174,3 +176,37 @@ def test_a_new_store_is_mlflows_empty_schema_made_once_per_machine(
     assert second.client.get_experiment("0").name == "Default"
     run = first.client.create_run(first.experiment_id)  # a working store
     assert first.client.get_run(run.info.run_id).info.experiment_id == first.experiment_id
+
+
+def test_a_time_limit_that_falls_due_while_ctx_writes_leaves_the_store_unlocked(
+    tmp_path: Path,
+) -> None:
+    """The limit is raised into the training thread; were it raised inside one of MLflow's
+    SQLite transactions, the store would stay locked for every other connection."""
+    from planners.search import Segment
+    from tasks.train import JobRef, run_segment
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    trainable = "tests.trainables:checkpoints_until_stopped"
+    job = JobRef("job", trainable, "val_accuracy", "max", 9, uri, "ckpt", segment_timeout=0.2)
+    tracker = Tracker(uri, "ckpt")
+    reports = []
+
+    def segments() -> None:  # a thread, as segments train on the local pool and on nodes
+        for trial in range(12):
+            run_id = tracker.start_trial("job", "parent", trial, {"x": 0.5})
+            reports.append((run_id, run_segment(job, Segment(trial, 0, 1, 0), {"x": 0.5}, run_id)))
+            other = sqlite3.connect(tmp_path / "mlflow.db", timeout=0)
+            other.execute("BEGIN IMMEDIATE")  # raises "database is locked" if a lock was left
+            other.rollback()
+            other.close()
+
+    thread = threading.Thread(target=segments)
+    thread.start()
+    thread.join()
+    assert len(reports) == 12
+    for run_id, report in reports:
+        assert report.result.failed and report.error == "timeout: segment ran over 0.2 s"
+        # What the trial reported before the limit is in MLflow, as its report says.
+        logged = tracker.metric_history(run_id, "val_accuracy")
+        assert len(logged) >= len(report.result.history) >= 1
