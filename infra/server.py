@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.metadata
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-# A fresh SQLite DB takes ~10 s to migrate on an idle 2-core box; leave room for a busy one.
+from planners.spec.cache import copy_of_empty
+
+# A fresh SQLite DB takes ~10 s to migrate on an idle 2-core box (a server's home gets a
+# copy of a migrated one, new_database); leave room for a busy one.
 SERVER_START_TIMEOUT = 90.0
 
 
@@ -91,6 +96,8 @@ def running_server(
     env = isolated_env(home, PREFECT_UI_ENABLED=str(ui).lower(), PREFECT_UI_API_URL=api)
     if database is not None:
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = database
+    else:
+        new_database(home / "prefect.db")
     with log.open("w") as out:
         process = subprocess.Popen(
             command,
@@ -105,6 +112,25 @@ def running_server(
         yield api
     finally:
         stop_group(process, signal.SIGTERM)
+
+
+def new_database(database: Path) -> None:
+    """Start a server's new SQLite database as a copy of an empty one Prefect migrated once
+    per machine and Prefect version (``prefect server database upgrade``, in the cache):
+    the server would otherwise run every migration since Prefect's first as it starts, about
+    12 s of a slow machine's, for each new home (each test's server, each new cluster)."""
+    if database.exists():
+        return
+
+    def migrate(tmp: Path) -> None:
+        url = f"sqlite+aiosqlite:///{tmp}"
+        command = [sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"]
+        with tempfile.TemporaryDirectory() as home:
+            env = isolated_env(Path(home), PREFECT_API_DATABASE_CONNECTION_URL=url)
+            subprocess.run(command, env=env, check=True, capture_output=True)
+
+    version = importlib.metadata.version("prefect")
+    copy_of_empty(database, f"prefect-{version}-empty.db", migrate)
 
 
 def answers(health: str, timeout: float = 2.0) -> bool:

@@ -12,15 +12,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy
 from filelock import FileLock
 
 from planners.spec import SpecError
-from planners.spec.cache import cache_dir, made_once
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -72,16 +70,3 @@ def first_use(uri: str) -> Iterator[None]:
         return
     with FileLock(f"{path}.lock"):
         yield
-
-
-def copy_of_empty(database: Path, empty: str, make: Callable[[Path], None]) -> None:
-    """Start the new SQLite database ``database`` as a copy of ``empty``: a database that
-    ``make`` writes once per machine in the cache, with a library's schema and nothing else.
-    Both libraries make a schema slowly (MLflow runs every migration since its first, about
-    1 s; Optuna creates its tables and stamps them through Alembic, about 0.2 s), on the
-    start of every job. Where the cache cannot be written, the library makes the database
-    as it would."""
-    try:
-        shutil.copyfile(made_once(cache_dir() / empty, make), database)
-    except OSError:
-        database.unlink(missing_ok=True)

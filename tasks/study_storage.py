@@ -35,7 +35,8 @@ from optuna.study import StudyDirection
 from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
-from tasks.stores import copy_of_empty, sqlite_path
+from planners.spec.cache import copy_of_empty
+from tasks.stores import sqlite_path
 
 
 def driver_storage(url: str) -> SoleWriterStorage:

@@ -32,8 +32,9 @@ from mlflow.utils.uri import (
 )
 
 from planners.spec import SpecError
+from planners.spec.cache import copy_of_empty
 from tasks.spool import checkpoint_name, checkpoint_resource
-from tasks.stores import check_folder, copy_of_empty, first_use, local_uri, sqlite_path
+from tasks.stores import check_folder, first_use, local_uri, sqlite_path
 
 CHECKPOINTS = "checkpoints"
 

@@ -1,17 +1,23 @@
 """``python -m infra.local_cluster``: it prints where its server and pool are, and nothing it
 started outlives it, whether it is stopped (SIGTERM) or killed (SIGKILL); a node worker
-that dies is started again."""
+that dies is started again. A server's new home starts from a copy of Prefect's migrated
+database."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from infra.server import new_database
+from planners.spec.cache import cache_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="/proc")]
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,3 +110,22 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
     except OSError:
         return ""
+
+
+def test_a_new_server_home_starts_from_prefects_migrated_database(tmp_path) -> None:
+    """Made once per machine and Prefect version by Prefect's own migration, shared by the
+    session's servers (which start on such copies); a database already there is kept."""
+    first, second = tmp_path / "a" / "prefect.db", tmp_path / "b" / "prefect.db"
+    for database in (first, second):
+        database.parent.mkdir()
+        new_database(database)
+    empty = cache_dir() / f"prefect-{importlib.metadata.version('prefect')}-empty.db"
+    assert first.read_bytes() == second.read_bytes() == empty.read_bytes()
+    with sqlite3.connect(first) as db:
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+        assert {"flow_run", "task_run", "work_pool", "alembic_version"} <= tables
+        assert db.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)
+        assert db.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)
+    first.write_bytes(b"a user's database")
+    new_database(first)
+    assert first.read_bytes() == b"a user's database"

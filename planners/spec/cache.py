@@ -1,6 +1,7 @@
 """Where elastune keeps what it makes once per machine and reuses: ``$ELASTUNE_CACHE``, else
 ``~/.cache/elastune`` (LCBench tables made from the surrogate, an empty MLflow store, an
-empty Optuna database), and how a file there is made once (:func:`made_once`).
+empty Optuna database, an empty Prefect server database), how a file there is made once
+(:func:`made_once`), and a new database started as a copy of one (:func:`copy_of_empty`).
 
 Example:
     >>> import tempfile
@@ -14,12 +15,13 @@ Example:
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 from filelock import FileLock
 
-__all__ = ["CACHE_ENV", "cache_dir", "made_once"]
+__all__ = ["CACHE_ENV", "cache_dir", "copy_of_empty", "made_once"]
 
 CACHE_ENV = "ELASTUNE_CACHE"
 
@@ -44,3 +46,16 @@ def made_once(target: Path, make: Callable[[Path], None]) -> Path:
             finally:
                 tmp.unlink(missing_ok=True)
     return target
+
+
+def copy_of_empty(database: Path, empty: str, make: Callable[[Path], None]) -> None:
+    """Start the new SQLite database ``database`` as a copy of ``empty``: a database that
+    ``make`` writes once per machine in the cache, with a library's schema and nothing else.
+    The libraries make a schema slowly (MLflow runs every migration since its first, about
+    1 s; Optuna creates its tables and stamps them through Alembic, about 0.2 s; a Prefect
+    server migrates a new database for ~12 s), each time a new one is started. Where the
+    cache cannot be written, the library makes the database as it would."""
+    try:
+        shutil.copyfile(made_once(cache_dir() / empty, make), database)
+    except OSError:
+        database.unlink(missing_ok=True)
