@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from infra.prefect_app import FACTORY
+from infra.server import new_database
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +85,7 @@ def test_a_killed_run_leaves_no_prefect_server(
     log = tmp_path / "epochs.log"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(PYTHONPATH=str(ROOT), ELASTUNE_TEST_LOG=str(log), PREFECT_HOME=str(tmp_path))
+    new_database(tmp_path / "prefect.db")  # a used home's: the server does not migrate it
     driver = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "job.yaml")],
         cwd=ROOT,
@@ -145,13 +147,15 @@ def test_a_command_points_prefect_at_its_server_and_back(tmp_path: Path) -> None
 
 def run_script(script: str, home: Path, **settings: str) -> str:
     """The standard output of ``script`` run by a fresh Python with no Prefect server
-    settings of this process, its Prefect home ``home`` and ``settings`` added."""
+    settings of this process, its Prefect home ``home`` (with a migrated database, as a
+    user's is after the first run) and ``settings`` added."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k != "PREFECT_API_URL" and not k.startswith("PREFECT_SERVER_SERVICES")
     }
     env.update(PYTHONPATH=str(ROOT), PREFECT_HOME=str(home), **settings)
+    new_database(home / "prefect.db")  # a used home's: the server does not migrate it
     done = subprocess.run(
         [sys.executable, "-c", script],
         cwd=ROOT,
