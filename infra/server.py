@@ -119,8 +119,6 @@ def new_database(database: Path) -> None:
     per machine and Prefect version (``prefect server database upgrade``, in the cache):
     the server would otherwise run every migration since Prefect's first as it starts, about
     12 s of a slow machine's, for each new home (each test's server, each new cluster)."""
-    if database.exists():
-        return
 
     def migrate(tmp: Path) -> None:
         url = f"sqlite+aiosqlite:///{tmp}"

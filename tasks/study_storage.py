@@ -45,7 +45,7 @@ def driver_storage(url: str) -> SoleWriterStorage:
     in a job's command, on a slow day here: 0.23-0.28 s for Optuna to make one, 0.03-0.06 s
     to open the copy)."""
     database = sqlite_path(url)
-    if database is not None and not database.exists():
+    if database is not None:
         copy_of_empty(database, f"optuna-{optuna.__version__}-empty.db", _make_empty)
     return SoleWriterStorage(RDBStorage(url))
 

@@ -67,12 +67,13 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def new_store(database: Path) -> None:
-    """Start a new SQLite store as a copy of an empty one MLflow made on this machine, once
-    per MLflow version, in the cache: MLflow makes a new database by running every schema
-    migration since its first, about 1 s, which each new job folder (and each of
-    ``elastune profile``'s calibration jobs) would pay. The copy holds MLflow's schema and
-    nothing else; MLflow adds its ``Default`` experiment itself, at this store's artifact
-    location. Where the cache cannot be written, MLflow makes the store as it would."""
+    """Start the SQLite store ``database``, unless it exists, as a copy of an empty one
+    MLflow made on this machine, once per MLflow version, in the cache: MLflow makes a new
+    database by running every schema migration since its first, about 1 s, which each new
+    job folder (and each of ``elastune profile``'s calibration jobs) would pay. The copy
+    holds MLflow's schema and nothing else; MLflow adds its ``Default`` experiment itself,
+    at this store's artifact location. Where the cache cannot be written, MLflow makes the
+    store as it would."""
     from mlflow.store.db.utils import _initialize_tables  # what MLflow runs on a new database
 
     def make(tmp: Path) -> None:
@@ -109,7 +110,7 @@ class Tracker:
         made = [] if database is None else [database, database.parent / "artifacts"]
         self._made = [path for path in made if not path.exists()]
         with first_use(self.uri):  # the client builds (and caches) its store right away
-            if database is not None and not database.exists():
+            if database is not None:
                 new_store(database)
             self.client = MlflowClient(self.uri)
         self.experiment = experiment

@@ -49,12 +49,15 @@ def made_once(target: Path, make: Callable[[Path], None]) -> Path:
 
 
 def copy_of_empty(database: Path, empty: str, make: Callable[[Path], None]) -> None:
-    """Start the new SQLite database ``database`` as a copy of ``empty``: a database that
-    ``make`` writes once per machine in the cache, with a library's schema and nothing else.
+    """Start the SQLite database ``database``, unless it exists, as a copy of ``empty``: a
+    database that ``make`` writes once per machine in the cache, with a library's schema and
+    nothing else.
     The libraries make a schema slowly (MLflow runs every migration since its first, about
     1 s; Optuna creates its tables and stamps them through Alembic, about 0.2 s; a Prefect
     server migrates a new database for ~12 s), each time a new one is started. Where the
     cache cannot be written, the library makes the database as it would."""
+    if database.exists():
+        return
     try:
         shutil.copyfile(made_once(cache_dir() / empty, make), database)
     except OSError:
