@@ -361,17 +361,18 @@ def show(arm: str, seed: int, row: dict[str, Any]) -> None:
 
 def prepare(home: Path) -> None:
     """A Prefect home whose database is already migrated, and the cache's empty MLflow store
-    and Optuna database made, as a user's machine has them after a first run."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env["PREFECT_HOME"] = str(home)
-    command = [sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"]
-    subprocess.run(command, env=env, check=True, capture_output=True)
-    store = (
-        "import sys, pathlib, tasks.tracking as t, tasks.study_storage as s;"
-        "t.new_store(pathlib.Path(sys.argv[1])); s.driver_storage('sqlite:///' + sys.argv[2])"
+    and Optuna database made, as a user's machine has them after a first run (made by this
+    checkout's code, in a process of their own)."""
+    home.mkdir(parents=True, exist_ok=True)
+    made = (
+        "import sys, pathlib, infra.server as i, tasks.tracking as t, tasks.study_storage as s;"
+        "home = pathlib.Path(sys.argv[1]); i.new_database(home / 'prefect.db');"
+        "t.new_store(home / 'mlflow.db'); s.driver_storage(f'sqlite:///{home}/optuna.db')"
     )
-    command = [sys.executable, "-c", store, str(home / "mlflow.db"), str(home / "optuna.db")]
-    subprocess.run(command, env={**env, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True)
+    command = [sys.executable, "-c", made, str(home)]
+    subprocess.run(
+        command, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, capture_output=True
+    )
 
 
 def main() -> int:
