@@ -74,9 +74,10 @@ def new_store(database: Path) -> None:
     holds MLflow's schema and nothing else; MLflow adds its ``Default`` experiment itself,
     at this store's artifact location. Where the cache cannot be written, MLflow makes the
     store as it would."""
-    from mlflow.store.db.utils import _initialize_tables  # what MLflow runs on a new database
 
     def make(tmp: Path) -> None:
+        from mlflow.store.db.utils import _initialize_tables  # what MLflow runs on a new one
+
         engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
         try:
             _initialize_tables(engine)
