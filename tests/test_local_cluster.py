@@ -68,26 +68,30 @@ def start_cluster(home: Path) -> tuple[subprocess.Popen, list[str]]:
     return process, exports
 
 
-@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
-def test_nothing_outlives_the_cluster(tmp_path, how) -> None:
+def stop_and_await(process: subprocess.Popen, how: signal.Signals) -> set[int]:
+    """Send ``how`` to the cluster command; those of its processes still alive 60 s on."""
+    started = descendants(process.pid)
+    assert len(started) >= 2, started  # the server and the node's worker
+    os.kill(process.pid, how)
+    process.wait(60)
+    deadline = time.monotonic() + 60
+    while alive(started) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive(started)
+
+
+def test_nothing_outlives_a_killed_cluster(tmp_path) -> None:
     process, exports = start_cluster(tmp_path)
     try:
         assert exports[0].startswith("export PREFECT_API_URL=http://127.0.0.1:"), exports
         assert exports[1] == "export ELASTUNE_POOL=warm"
-        started = descendants(process.pid)
-        assert len(started) >= 2, started  # the server and the node's worker
-        os.kill(process.pid, how)
-        process.wait(60)
-        deadline = time.monotonic() + 60
-        while alive(started) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not alive(started)
+        assert not stop_and_await(process, signal.SIGKILL)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
 
 
-def test_a_dead_node_worker_is_started_again(tmp_path) -> None:
+def test_a_dead_node_worker_is_started_again_and_a_stop_ends_everything(tmp_path) -> None:
     process, _ = start_cluster(tmp_path)
     try:
         worker = tmp_path / "warm-node-0" / "worker.log"
@@ -100,9 +104,11 @@ def test_a_dead_node_worker_is_started_again(tmp_path) -> None:
                 break
             time.sleep(0.2)
         assert again and node not in again, worker.read_text()[-2000:]
+        # Stopped (SIGTERM), it ends what it started, the restarted worker included.
+        assert not stop_and_await(process, signal.SIGTERM)
     finally:
-        os.kill(process.pid, signal.SIGTERM)
-        process.wait(60)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def cmdline(pid: int) -> str:
