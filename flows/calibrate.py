@@ -57,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -143,6 +144,11 @@ def run_elsewhere(job: JobSpec, folder: Path) -> float:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
         raise SpecError(f"calibration: a small run of the job failed: {tail[0]}")
     return float(json.loads(done.stdout)["wall_seconds"])
+
+
+def say(line: str) -> None:
+    """A progress line on stderr (stdout is the profile, or its JSON)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def runs(level: float, alone: float) -> tuple[Run, ...]:
@@ -267,12 +273,21 @@ def calibrate(
     level = first_level(spec)
     alone = profile["seconds_per_unit"][1]
     devices = local_devices(spec)
+    jobs = runs(level, alone)
     walls: dict[Run, list[float]] = {}
-    for _ in range(REPEATS):  # interleaved, so a slow minute of the machine hits every job
-        for run in runs(level, alone):
+    # Each run is a new process, seconds to half a minute: the user sees them go by.
+    say(f"calibrating: {len(jobs)} small jobs, {REPEATS} runs each, each run a new process")
+    for repeat in range(REPEATS):  # interleaved, so a slow minute of the machine hits every job
+        for index, run in enumerate(jobs, 1 + repeat * len(jobs)):
+            began = time.monotonic()
             with tempfile.TemporaryDirectory() as folder:
                 job = calibration_job(spec, run, level, Path(folder), devices)
                 walls.setdefault(run, []).append(run_elsewhere(job, Path(folder)))
+            done = time.monotonic() - began
+            say(
+                f"calibration {index}/{len(jobs) * REPEATS} ({run.label}): "
+                f"job {walls[run][-1]:.1f} s, process {done:.1f} s"
+            )
     solved = solve(walls, level, alone)
     scale = solved.pop("seconds_per_unit") / alone
     out = {**profile, **solved}

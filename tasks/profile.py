@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +48,7 @@ def measure(
     training on it at once (threads of this process, as the local pool runs segments)."""
     if units < 2:
         raise SpecError(f"--units must be >= 2 (the first one is warm-up), got {units}")
+    print(f"timing {configs} configurations x {units} units here, in this process", file=sys.stderr)
     copies = {share: _copies(share) for share in shares}
     trainable = load_trainable(spec.trainable)
     device = "cuda:0" if torch.cuda.is_available() else "cpu"

@@ -235,7 +235,11 @@ def test_profile_measures_seconds_per_unit_and_feeds_the_planner(
     path.write_text(yaml.safe_dump(JOB))
     out = tmp_path / "profile.yaml"
     assert main(["profile", str(path), "--json", "--out", str(out)]) == 0
-    measured = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr()
+    measured = json.loads(printed.out)
+    # The minutes it takes are told as they go, on stderr.
+    assert "timing 2 configurations x 3 units here" in printed.err
+    assert "calibration 4/4 (4 waves x 1 levels + 2 resumed): job " in printed.err, printed.err
     assert measured["profile"]["seconds_per_unit"]["1"] > 0
     assert {"overhead_s", "trial_overhead_s", "job_overhead_s"} <= set(measured["profile"])
     assert len(measured["calibration_walls_s"]) == 4  # the fourth resumes trials
