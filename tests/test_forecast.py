@@ -51,6 +51,9 @@ def test_a_local_job_is_planned_on_its_slots() -> None:
     assert report.to_dict()["cost_usd"]["mean"] == 0.0  # price 0 by default
     # 9 trials of 1 unit on 3 slots, 3 of 2 units, 1 of 6 units: 3 waves of 10 s, 20 s, 60 s.
     assert report.outcome.jct_q == pytest.approx(30 + 20 + 60)
+    # What it prints calls them slots, not GPUs (this machine may have none).
+    assert report.to_table()[0][3] == "slots/trial"
+    assert "local × 3 (3 slots) for the whole job" in "\n".join(report.summary_lines())
 
 
 def test_the_named_local_type_on_a_work_pool_and_cuda_devices_as_slots() -> None:
@@ -81,6 +84,7 @@ def test_a_catalog_given_plans_on_its_types() -> None:
     spec = parse_job(job(profile={"seconds_per_unit": {1: 10.0}, "gpu": "A10G"}))
     report = plan_job(spec, catalog=read_catalog(), samples=20)
     assert LOCAL not in {a.instance_type for a in report.allocations}
+    assert report.to_table()[0][3] == "GPUs/trial"
 
 
 def test_the_forecast_per_stage_and_in_total() -> None:

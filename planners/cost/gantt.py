@@ -220,8 +220,9 @@ def _draw_spend(
     spend_ax.set_ylabel("USD spent")
     spend_ax.set_ylim(0, top)
     gpu_ax = spend_ax.twinx()
-    gpu_ax.step(times / unit, held, where="post", color="#7f7f7f", linewidth=1, label="GPUs held")
-    gpu_ax.set_ylabel("GPUs held", color="#7f7f7f")
+    held_label = f"{report.devices} held"
+    gpu_ax.step(times / unit, held, where="post", color="#7f7f7f", linewidth=1, label=held_label)
+    gpu_ax.set_ylabel(held_label, color="#7f7f7f")
     gpu_ax.set_ylim(0, max(held.max(), 1) * 1.15)
     spend_ax.set_xlabel(f"time since submission ({unit_name})")
     spend_ax.grid(axis="x", color="#dddddd", linewidth=0.5)
@@ -277,7 +278,7 @@ def _draw_legend(
         bbox_to_anchor=(1.01, 1.0),
         fontsize=8,
         frameon=False,
-        title="stage · trials × GPUs · instances",
+        title=f"stage · trials × {report.devices} · instances",
         title_fontsize=8,
     )
 

@@ -16,6 +16,7 @@ import numpy as np
 from planners.cost.allocation import AllocationPlan
 from planners.cost.baselines import Baseline
 from planners.cost.catalog import Catalog
+from planners.cost.local import LOCAL
 from planners.cost.outcome import Outcome
 from planners.cost.trace import Trace
 from planners.spec import SpecError
@@ -237,9 +238,15 @@ class PlanReport:
             "stages": stages,
         }
 
+    @property
+    def devices(self) -> str:
+        """What the plan's devices are called: this machine's are its slots (its CUDA
+        devices, or ``compute.workers`` on a CPU), a catalog's types have GPUs."""
+        return "slots" if set(self.catalog.instance_types) == {LOCAL} else "GPUs"
+
     def to_table(self) -> tuple[list[str], list[list[str]]]:
         """Column names and rows of the stage table, as strings for a rich Table."""
-        columns = ["stage", "trials", "resource", "GPUs/trial", "instances", "market"]
+        columns = ["stage", "trials", "resource", f"{self.devices}/trial", "instances", "market"]
         columns += ["interruptions", "start", "end", "cost"]
         rows = [
             [
@@ -290,7 +297,9 @@ class PlanReport:
             ratio = "" if times is None else f" ({times:.2f}x the plan)"
             lines.append(
                 f"{baseline.name}: {baseline.instance_type} × {baseline.nodes} "
-                f"({baseline.gpus} GPUs) for the whole job, p95 JCT {format_duration(b_jct)}, "
+                f"({baseline.gpus} {self.devices[:-1] if baseline.gpus == 1 else self.devices}) "
+                "for the whole job, "
+                f"p95 JCT {format_duration(b_jct)}, "
                 f"mean cost ${baseline.outcome.cost_mean:,.2f}{ratio}"
                 + ("" if baseline.meets_deadline else ", misses the deadline")
             )
