@@ -295,11 +295,10 @@ class PlanReport:
             plan_cost = self.outcome.cost_mean
             times = baseline.outcome.cost_mean / plan_cost if plan_cost else None
             ratio = "" if times is None else f" ({times:.2f}x the plan)"
+            held = f"{baseline.gpus} {self.devices[:-1] if baseline.gpus == 1 else self.devices}"
             lines.append(
-                f"{baseline.name}: {baseline.instance_type} × {baseline.nodes} "
-                f"({baseline.gpus} {self.devices[:-1] if baseline.gpus == 1 else self.devices}) "
-                "for the whole job, "
-                f"p95 JCT {format_duration(b_jct)}, "
+                f"{baseline.name}: {baseline.instance_type} × {baseline.nodes} ({held}) "
+                f"for the whole job, p95 JCT {format_duration(b_jct)}, "
                 f"mean cost ${baseline.outcome.cost_mean:,.2f}{ratio}"
                 + ("" if baseline.meets_deadline else ", misses the deadline")
             )
