@@ -282,11 +282,12 @@ def calibrate(
             began = time.monotonic()
             with tempfile.TemporaryDirectory() as folder:
                 job = calibration_job(spec, run, level, Path(folder), devices)
-                walls.setdefault(run, []).append(run_elsewhere(job, Path(folder)))
+                wall = run_elsewhere(job, Path(folder))
+            walls.setdefault(run, []).append(wall)
             done = time.monotonic() - began
             say(
                 f"calibration {index}/{len(jobs) * REPEATS} ({run.label}): "
-                f"job {walls[run][-1]:.1f} s, process {done:.1f} s"
+                f"job {wall:.1f} s, process {done:.1f} s"
             )
     solved = solve(walls, level, alone)
     scale = solved.pop("seconds_per_unit") / alone
