@@ -61,10 +61,28 @@ def test_measured_segments_take_over_the_calibrations_error_in_the_unit_time() -
     cov += [[0.0, 0.0, 0.02, 0.0], [-0.002, 0.001, 0.0, 0.0025]]
     estimate = ProfileEstimate(dataclasses.replace(PRIOR, calibration_cov=cov))
     assert estimate.profile().calibration_cov == tuple(map(tuple, cov))
-    estimate.observe(1, 1.0, 1440.0)
+    for seconds in (1400.0, 1480.0, 1420.0, 1460.0):
+        estimate.observe(1, 1.0, seconds)
     after = estimate.profile().calibration_cov
-    assert after is not None and after[3] == (0.0,) * 4 and [row[3] for row in after] == [0.0] * 4
+    assert after is not None and after[3][:3] == (0.0,) * 3
+    assert [row[3] for row in after[:3]] == [0.0] * 3
+    # The unit time is now as uncertain as the mean of the segments measured: four steady
+    # ones know it better than the calibration did.
+    known = estimate.spread() ** 2 / (4 + estimate.pseudo_segments())
+    assert after[3][3] == pytest.approx(known) and 0 < known < 0.0025
     assert [row[:3] for row in after[:3]] == [tuple(row[:3]) for row in cov[:3]]  # overheads
+
+
+def test_a_profile_without_a_calibration_learns_how_sure_its_unit_time_is() -> None:
+    estimate = ProfileEstimate(PRIOR)  # no calibration_cov: the unit time taken as exact
+    estimate.observe(1, 1.0, 1440.0)
+    one = estimate.profile().calibration_cov
+    for seconds in (1400.0, 1480.0, 1420.0, 1460.0, 1440.0, 1400.0, 1480.0):
+        estimate.observe(1, 1.0, seconds)
+    eight = estimate.profile().calibration_cov
+    assert one is not None and eight is not None
+    assert [v for row in one for v in row].count(0.0) == 15  # only the unit time's variance
+    assert one[3][3] > eight[3][3] > 0  # more segments, surer
 
 
 def test_measured_segments_scale_their_width_and_the_pooled_ratio_the_others() -> None:
@@ -245,3 +263,32 @@ def test_plan_spot_picks_a_base_plan_or_none() -> None:
     with pytest.raises(ValueError, match="one chain"):
         two = AllocationPlan((spot_chain().chains[0], spot_chain().chains[0]))
         SpotDeadline(simulator, two, 3600.0)
+
+
+def test_a_replan_also_starts_from_the_plan_made_as_if_no_node_were_held() -> None:
+    # A profile 2x too pessimistic put the first wave on 4-GPU nodes; the rest is cheaper on
+    # single-GPU ones. With the held 4-GPU nodes free to start, the greedy from its own
+    # starts stays on them (about 3.97 $); the plan made as if nothing were held, priced
+    # with them held, costs about 3.71 $: the re-planner starts from both and the kept plan.
+    catalog = parse_catalog(
+        {
+            "defaults": {"startup": {"mean_s": 180, "sd_s": 60}},
+            "instance_types": {
+                "g5.xlarge": {"gpus": 1, "gpu": "A10G", "price_per_hour": 1.006},
+                "g5.12xlarge": {"gpus": 4, "gpu": "A10G", "price_per_hour": 5.672},
+            },
+        }
+    )
+    job = [Stage(0, 0, 27, 0, 1), Stage(0, 1, 9, 1, 3), Stage(0, 2, 3, 3, 9), Stage(0, 3, 1, 9, 27)]
+    speedup = {2: 1.8, 4: 3.2}
+    prior = Profile.from_scaling(240, speedup=speedup, segment_cv=0.1)
+    truth = Profile.from_scaling(120, speedup=speedup, segment_cv=0.05)
+    planner = Replanner(catalog, ["g5.xlarge", "g5.12xlarge"], job, deadline=3458, samples=100)
+    plan = planner.plan(prior).plan
+    first = plan.chains[0][0]
+    assert (first.instance_type, first.instances) == ("g5.12xlarge", 4)
+    wave = part(first, 0, 16)
+    decision = planner.decide(plan, {(0, 0): 16}, 448.0, 2.83, truth, {0: wave})
+    assert decision.reason is Reason.CHEAPER
+    assert decision.chosen.cost_mean < decision.kept.cost_mean * 0.95
+    assert "g5.xlarge" in {s.instance_type for s in decision.plan.stages}

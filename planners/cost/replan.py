@@ -20,7 +20,11 @@ elapsed and the dollars spent, and the updated profile; at a barrier or inside a
 change). It prices the plan of the remaining work with
 :class:`~planners.cost.simulate.PlanSimulator` and lets
 :class:`~planners.cost.rubberband.RubberBand` plan it afresh against what is left of the
-deadline; then, in this order:
+deadline. The greedy starts from its own starts, from the kept plan (a kept plan that
+meets the deadline is the dearest the new one can be) and from the plan it makes as if no
+node were held: a one-stage move off held nodes pays a startup they do not, so the greedy
+can stay on the held type while a pool of another type for several stages is cheaper.
+Then, in this order:
 
 - ``late``: the kept plan misses the remaining deadline at the simulator's quantile, and
   the new plan meets it: switch;
@@ -72,6 +76,7 @@ from planners.cost.catalog import Catalog
 from planners.cost.outcome import Outcome
 from planners.cost.rubberband import RubberBand, RubberBandResult
 from planners.cost.simulate import PlanSimulator
+from planners.spec.covariance import SIZE
 from planners.staging import Profile, Stage, Timing
 
 
@@ -165,22 +170,37 @@ class ProfileEstimate:
 
     def profile(self) -> Profile:
         """The prior with every width's timing scaled by its ratio and the measured spread;
-        once segments are measured, the calibration's error in the unit time is theirs to
-        tell (its row of ``calibration_cov`` dropped; the overheads' errors stay)."""
+        once segments are measured, the error in the unit time is theirs to tell: the
+        calibration's row of ``calibration_cov`` gives way to the pooled ratio's variance,
+        ``spread ** 2 / (segments + pseudo_segments)`` (the overheads' errors stay), which
+        the simulator draws once per run, so a plan made on a few segments keeps a margin
+        for a speed they may have misread."""
         timings = {
             g: Timing(t.mean * self.ratio(g), t.sd * self.ratio(g))
             for g, t in self.prior.timings.items()
         }
         cov = self.prior.calibration_cov
-        if cov is not None and self.segments:
-            unit = len(cov) - 1
-            cov = tuple(
-                tuple(0.0 if unit in (i, j) else v for j, v in enumerate(row))
-                for i, row in enumerate(cov)
+        if self.segments:
+            # The ratio's posterior variance: the prior's precision plus the segments'.
+            cov = _with_unit_error(
+                cov, self.spread() ** 2 / (self.segments + self.pseudo_segments())
             )
         return dataclasses.replace(
             self.prior, timings=timings, segment_cv=self.spread(), calibration_cov=cov
         )
+
+
+def _with_unit_error(
+    cov: tuple[tuple[float, ...], ...] | None, variance: float
+) -> tuple[tuple[float, ...], ...]:
+    """``cov`` (None: no errors) with the unit time's error replaced by one of ``variance``,
+    uncorrelated with the overheads' errors."""
+    unit = SIZE - 1
+    rows = [[0.0] * SIZE for _ in range(SIZE)] if cov is None else [list(row) for row in cov]
+    for i in range(SIZE):
+        rows[i][unit] = rows[unit][i] = 0.0
+    rows[unit][unit] = variance
+    return tuple(tuple(row) for row in rows)
 
 
 class Reason(StrEnum):
@@ -333,7 +353,8 @@ class Replanner:
         rubberband = self._rubberband(profile, deadline_left, holding)
         kept_outcome = rubberband.simulator.run(kept_plan)
         kept = _forecast(rubberband, kept_plan, kept_outcome)
-        fresh = rubberband.plan(remaining)
+        unheld = self._rubberband(profile, deadline_left).plan(remaining).plan
+        fresh = rubberband.plan(remaining, also_from=[kept_plan, unheld])
         chosen = _forecast(rubberband, fresh.plan, fresh.outcome)
 
         def decision(reason: Reason, chosen_plan: AllocationPlan) -> Decision:

@@ -20,9 +20,9 @@ later stage's nodes, which makes each one-stage cut more expensive on its own.
 The greedy is run from several feasible starts and the cheapest result wins [OWN]: per
 instance type, the fastest plan (the paper's start) and the elastic twin of the smallest
 static pool that meets the deadline (:meth:`RubberBand.lean`), so the plan is never dearer
-than that static pool run elastically. When even the fastest plan misses the deadline the
-result is infeasible and says the smallest deadline that works: the best fastest plan's
-p95 JCT.
+than that static pool run elastically; and any plans the caller adds (a re-plan's, §5.8).
+When even the fastest plan misses the deadline the result is infeasible and says the
+smallest deadline that works: the best fastest plan's p95 JCT.
 
 Spot capacity (``spot=True``) [OWN]: a stage may run on spot instances of a type with spot
 prices. The neighbourhood gains "switch this stage to the other market" and "switch every
@@ -382,10 +382,14 @@ class RubberBand:
         q = self.simulator.quantile
         return upper_quantile(jct, q, self.spot_confidence) if spot else _quantile(jct, q)
 
-    def plan(self, stages: Sequence[Stage]) -> RubberBandResult:
+    def plan(
+        self, stages: Sequence[Stage], also_from: Sequence[AllocationPlan] = ()
+    ) -> RubberBandResult:
+        """The cheapest plan found for ``stages``; ``also_from``: more plans of the same
+        stages for the greedy to start from (a re-plan's kept plan)."""
         chains = chains_of(stages)
         caps = self.usable(chains)
-        starts = []
+        starts: list[AllocationPlan | None] = list(also_from)
         for name, type_caps in caps.items():
             instance = self.simulator.catalog.get(name)
             for market in self.markets(instance):
