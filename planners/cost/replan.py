@@ -353,8 +353,10 @@ class Replanner:
         rubberband = self._rubberband(profile, deadline_left, holding)
         kept_outcome = rubberband.simulator.run(kept_plan)
         kept = _forecast(rubberband, kept_plan, kept_outcome)
-        unheld = self._rubberband(profile, deadline_left).plan(remaining).plan
-        fresh = rubberband.plan(remaining, also_from=[kept_plan, unheld])
+        starts = [kept_plan]
+        if holding:  # the plan made as if nothing were held
+            starts.append(self._rubberband(profile, deadline_left).plan(remaining).plan)
+        fresh = rubberband.plan(remaining, also_from=starts)
         chosen = _forecast(rubberband, fresh.plan, fresh.outcome)
 
         def decision(reason: Reason, chosen_plan: AllocationPlan) -> Decision:
