@@ -20,7 +20,7 @@ elapsed and the dollars spent, and the updated profile; at a barrier or inside a
 change). It prices the plan of the remaining work with
 :class:`~planners.cost.simulate.PlanSimulator` and lets
 :class:`~planners.cost.rubberband.RubberBand` plan it afresh against what is left of the
-deadline. The greedy starts from its own starts, from the kept plan (a kept plan that
+deadline. The greedy runs from its usual starts, from the kept plan (a kept plan that
 meets the deadline is the dearest the new one can be) and from the plan it makes as if no
 node were held: a one-stage move off held nodes pays a startup they do not, so the greedy
 can stay on the held type while a pool of another type for several stages is cheaper.
