@@ -386,7 +386,8 @@ class RubberBand:
         self, stages: Sequence[Stage], also_from: Sequence[AllocationPlan] = ()
     ) -> RubberBandResult:
         """The cheapest plan found for ``stages``; ``also_from``: more plans of the same
-        stages for the greedy to start from (a re-plan's kept plan)."""
+        stages for the greedy to start from (a re-plan's kept plan, and its plan made as if
+        no node were held)."""
         chains = chains_of(stages)
         caps = self.usable(chains)
         starts: list[AllocationPlan | None] = list(also_from)
