@@ -23,9 +23,9 @@ re-planning and without, and the re-planned run's mean cost over the oracle's (g
 >= 95% hit, within 10%). Run: ``python benchmarks/replan.py`` (``--quick``: fewer worlds);
 writes ``benchmarks/results/replan.json``. ``--quantile 0.9``: the re-planner decides at p90
 (the static and oracle plans stay at p95), trading hit rate for cost. ``--first-stage
-recourse``: the re-planned and informed runs start from :func:`recourse_start`'s plan, whose
-first stage is chosen knowing it will be re-planned after its first wave (a candidate, not
-yet what ``elastune plan`` does).
+recourse``: the re-planned and informed runs start from
+:func:`~planners.cost.recourse.recourse_start`'s plan, whose first stage is chosen knowing
+it will be re-planned after its first wave (writes ``replan_recourse.json``).
 """
 
 from __future__ import annotations
@@ -33,12 +33,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -46,10 +44,10 @@ import numpy as np
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.draws import DURATION
-from planners.cost.replan import ProfileEstimate, Replanner, left_to_run, part
+from planners.cost.recourse import recourse_start
+from planners.cost.replan import ProfileEstimate, Replanner, part
 from planners.cost.rubberband import RubberBand
 from planners.cost.simulate import PlanSimulator
-from planners.cost.sizing import chains_of
 from planners.staging import Profile, Stage, place
 
 TYPES = ["g5.xlarge", "g5.12xlarge"]
@@ -91,58 +89,6 @@ def segment_times(world: PlanSimulator, stage: StagePlan) -> list[SegmentTime]:
 def first_wave(stage: StagePlan, catalog: Catalog) -> int:
     """Trials of ``stage`` that start at once on its nodes (its slots)."""
     return len(place(stage.sizes, catalog.get(stage.instance_type).gpus, stage.instances).slots)
-
-
-def recourse_start(catalog: Catalog, deadline: float, points: int = 7) -> AllocationPlan:
-    """The plan to start from when the job will be re-planned after its first wave: of
-    RubberBand's options for the first stage, the one whose plan meets the deadline under
-    the profile and whose expected cost is lowest over ``points`` equally likely errors of
-    the profile (quantiles of a lognormal with the relative sd that the job's
-    :class:`~planners.cost.replan.ProfileEstimate` gives its prior by default): the first
-    wave's cost plus that of the cheapest plan for the rest, made knowing the error once the
-    first wave is done. A first wave is all a wrong profile can buy before anything is
-    measured, so it is judged by what it costs under every error, not only the profile's."""
-    prior = profile(1.0, PRIOR_CV)
-    sigma = math.sqrt(math.log(1 + ProfileEstimate(prior).prior_error ** 2))
-    errors = [math.exp(sigma * NormalDist().inv_cdf((i + 0.5) / points)) for i in range(points)]
-    simulator = PlanSimulator(catalog, prior, samples=SAMPLES)
-    rubberband = RubberBand(simulator, TYPES, deadline=deadline)
-    best: tuple[float, AllocationPlan] | None = None
-    for first in rubberband.options(JOB[0], 0, rubberband.usable(chains_of(JOB))):
-        start = _planned_after(catalog, prior, first, deadline, JOB[1:])
-        if start is None:
-            continue  # the plan shown to the user must meet the deadline under its profile
-        wave = part(first, 0, first_wave(first, catalog))
-        left = left_to_run(JOB, {(0, 0): wave.trials})
-        cost = 0.0
-        for error in errors:
-            known = profile(error, PRIOR_CV)
-            after = _planned_after(catalog, known, wave, deadline, left, feasible=False)
-            assert after is not None
-            cost += after[1] / points
-        if best is None or cost < best[0]:
-            best = (cost, AllocationPlan(((first, *start[0].chains[0]),)))
-    assert best is not None, "no first stage meets the deadline under the profile"
-    return best[1]
-
-
-def _planned_after(
-    catalog: Catalog,
-    timed: Profile,
-    done: StagePlan,
-    deadline: float,
-    left: list[Stage],
-    feasible: bool = True,
-) -> tuple[AllocationPlan, float] | None:
-    """RubberBand's plan of ``left`` after ``done`` ran (its nodes held) under ``timed``,
-    and the mean cost of ``done`` and that plan; None if ``feasible`` and it misses."""
-    ran = PlanSimulator(catalog, timed, samples=SAMPLES).run(AllocationPlan(((done,),)))
-    deadline_left = deadline - float(np.quantile(ran.jct, 0.95))
-    simulator = PlanSimulator(catalog, timed, samples=SAMPLES, holding={0: done})
-    rest = RubberBand(simulator, TYPES, deadline=max(deadline_left, 1.0)).plan(left)
-    if feasible and (deadline_left <= 1.0 or not rest.feasible):
-        return None
-    return rest.plan, ran.cost_mean + rest.outcome.cost_mean
 
 
 def play(
@@ -246,7 +192,7 @@ def scenario(
     deadline = slack * max(fastest_p95(catalog, prior), fastest_p95(catalog, truth))
     planner = Replanner(catalog, TYPES, JOB, deadline=deadline, samples=SAMPLES)
     static, oracle = planner.plan(prior).plan, planner.plan(truth).plan
-    start = recourse_start(catalog, deadline) if recourse else static
+    start = recourse_start(planner, prior) if recourse else static
     replanner = Replanner(
         catalog, TYPES, JOB, deadline=deadline, samples=SAMPLES, quantile=quantile
     )

@@ -304,12 +304,14 @@ class Replanner:
         self.samples, self.seed, self.quantile = samples, seed, quantile
         self.margin = margin
 
-    def _rubberband(
+    def rubberband(
         self,
         profile: Profile,
         deadline: float | None,
         holding: Mapping[int, StagePlan] | None = None,
     ) -> RubberBand:
+        """RubberBand over this job's types and quota, its plans priced under ``profile``
+        against ``deadline`` (None: none), each chain starting on the nodes in ``holding``."""
         simulator = PlanSimulator(
             self.catalog,
             profile,
@@ -328,7 +330,7 @@ class Replanner:
 
     def plan(self, profile: Profile) -> RubberBandResult:
         """The plan of the whole job made before it starts (the static plan)."""
-        return self._rubberband(profile, self.deadline).plan(self.stages)
+        return self.rubberband(profile, self.deadline).plan(self.stages)
 
     def decide(
         self,
@@ -350,12 +352,12 @@ class Replanner:
         # A deadline already passed still gets a plan: the fastest (1 s cannot be met).
         deadline_left = None if self.deadline is None else max(self.deadline - elapsed, 1.0)
         budget_left = None if self.budget is None else self.budget - spent
-        rubberband = self._rubberband(profile, deadline_left, holding)
+        rubberband = self.rubberband(profile, deadline_left, holding)
         kept_outcome = rubberband.simulator.run(kept_plan)
         kept = _forecast(rubberband, kept_plan, kept_outcome)
         starts = [kept_plan]
         if holding:  # the plan made as if nothing were held
-            starts.append(self._rubberband(profile, deadline_left).plan(remaining).plan)
+            starts.append(self.rubberband(profile, deadline_left).plan(remaining).plan)
         fresh = rubberband.plan(remaining, also_from=starts)
         chosen = _forecast(rubberband, fresh.plan, fresh.outcome)
 
