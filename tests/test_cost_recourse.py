@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planners.cost.catalog import read_catalog
+from planners.cost.billing import BillingRule
+from planners.cost.catalog import Catalog, read_catalog
+from planners.cost.local import LOCAL, LocalType
 from planners.cost.recourse import recourse_start
 from planners.cost.replan import Replanner
 from planners.staging import Profile, Stage
@@ -50,6 +52,16 @@ def test_a_profile_held_exact_starts_as_rubberband_and_its_errors_widen_the_wave
     assert p95(planner, hedged) <= 2400
     # Seven errors instead of none: a wider first wave, for what a wrong profile costs.
     assert hedged.stages[0].instances > exact.stages[0].instances
+
+
+def test_where_every_option_costs_the_same_the_start_is_rubberbands_plan() -> None:
+    node = LocalType(
+        name=LOCAL, gpus=4, gpu=LOCAL, price_per_hour=0.0, billing=BillingRule(min_charge_s=0)
+    )
+    free = Catalog(region="here", prices_read="-", source="-", instance_types={LOCAL: node})
+    planner = Replanner(free, [LOCAL], JOB, deadline=5000, samples=50)
+    start = recourse_start(planner, PROFILE)
+    assert start.stages[0] == planner.plan(PROFILE).plan.stages[0]
 
 
 def test_a_one_stage_job_gets_a_start_too() -> None:

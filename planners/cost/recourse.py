@@ -78,8 +78,11 @@ def recourse_start(
     errors = [math.exp(sigma * NormalDist().inv_cdf((i + 0.5) / points)) for i in range(points)]
     first, rest = chains[0][0], chains[0][1:]
     rubberband = replanner.rubberband(profile, replanner.deadline)
+    # RubberBand's own first stage first: it stays where no option is cheaper (free nodes).
+    own = rubberband.plan(replanner.stages).plan.stages[0]
+    options = rubberband.options(first, 0, rubberband.usable(chains))
     best: tuple[float, AllocationPlan] | None = None
-    for option in rubberband.options(first, 0, rubberband.usable(chains)):
+    for option in [own, *(o for o in options if o != own)]:
         after = _after(replanner, profile, option, list(rest))
         if after is None:
             continue  # the plan shown must meet the deadline under its own profile
