@@ -71,6 +71,17 @@ def test_a_second_signal_is_delivered_at_once(stopping: list[int]) -> None:
     assert not went_on and stopping == [signal.SIGTERM]
 
 
+@pytest.fixture
+def interrupting() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt, as in a command started in the foreground: one
+    started in the background by a shell without job control inherits SIGINT ignored, and
+    a held SIGINT then goes where the process sent it, nowhere."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("interrupting")
 def test_sigint_is_held_too() -> None:
     with pytest.raises(KeyboardInterrupt), HeldSignals():
         signal.raise_signal(signal.SIGINT)
