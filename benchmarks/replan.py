@@ -45,10 +45,10 @@ from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.draws import DURATION
 from planners.cost.recourse import recourse_start
-from planners.cost.replan import ProfileEstimate, Replanner, part
+from planners.cost.replan import ProfileEstimate, Replanner, first_wave, part
 from planners.cost.rubberband import RubberBand
 from planners.cost.simulate import PlanSimulator
-from planners.staging import Profile, Stage, place
+from planners.staging import Profile, Stage
 
 TYPES = ["g5.xlarge", "g5.12xlarge"]
 JOB = [Stage(0, 0, 27, 0, 1), Stage(0, 1, 9, 1, 3), Stage(0, 2, 3, 3, 9), Stage(0, 3, 1, 9, 27)]
@@ -84,11 +84,6 @@ def segment_times(world: PlanSimulator, stage: StagePlan) -> list[SegmentTime]:
             out.append((tier.gpus, tier.resource, max(mean + sd * z[i], 0.0)))
             i += 1
     return out
-
-
-def first_wave(stage: StagePlan, catalog: Catalog) -> int:
-    """Trials of ``stage`` that start at once on its nodes (its slots)."""
-    return len(place(stage.sizes, catalog.get(stage.instance_type).gpus, stage.instances).slots)
 
 
 def play(

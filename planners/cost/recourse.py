@@ -44,9 +44,9 @@ from statistics import NormalDist
 import numpy as np
 
 from planners.cost.allocation import AllocationPlan, StagePlan
-from planners.cost.replan import ProfileEstimate, Replanner, left_to_run, part
+from planners.cost.replan import ProfileEstimate, Replanner, first_wave, left_to_run, part
 from planners.cost.sizing import chains_of
-from planners.staging import Profile, Stage, Timing, place
+from planners.staging import Profile, Stage, Timing
 
 
 def recourse_start(
@@ -86,7 +86,7 @@ def recourse_start(
         after = _after(replanner, profile, option, list(rest))
         if after is None:
             continue  # the plan shown must meet the deadline under its own profile
-        wave = part(option, 0, _first_wave(replanner, option))
+        wave = part(option, 0, first_wave(option, replanner.catalog))
         left = left_to_run(replanner.stages, {(first.bracket, first.rung): wave.trials})
         cost = 0.0
         for factor in errors:
@@ -120,12 +120,6 @@ def _after(
     if feasible and (deadline_left <= 1.0 or not rest.feasible):
         return None
     return rest.plan.stages, ran.cost_mean + rest.outcome.cost_mean
-
-
-def _first_wave(replanner: Replanner, stage: StagePlan) -> int:
-    """Trials of ``stage`` that start at once on its nodes."""
-    gpus = replanner.catalog.get(stage.instance_type).gpus
-    return len(place(stage.sizes, gpus, stage.instances).slots)
 
 
 def _scaled(profile: Profile, factor: float) -> Profile:

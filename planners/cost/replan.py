@@ -77,7 +77,7 @@ from planners.cost.outcome import Outcome
 from planners.cost.rubberband import RubberBand, RubberBandResult
 from planners.cost.simulate import PlanSimulator
 from planners.spec.covariance import SIZE
-from planners.staging import Profile, Stage, Timing
+from planners.staging import Profile, Stage, Timing, place
 
 
 @dataclass
@@ -387,6 +387,11 @@ def left_to_run(stages: Sequence[Stage], finished: Mapping[tuple[int, int], int]
         if left > 0:
             out.append(dataclasses.replace(stage, trials=left))
     return out
+
+
+def first_wave(stage: StagePlan, catalog: Catalog) -> int:
+    """Trials of ``stage`` that start at once on its nodes (its slots)."""
+    return len(place(stage.sizes, catalog.get(stage.instance_type).gpus, stage.instances).slots)
 
 
 def part(stage: StagePlan, skip: int, count: int | None = None) -> StagePlan:
