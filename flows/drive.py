@@ -170,9 +170,7 @@ def run_segments(
             start(job, launcher, segment)
         if flight is not None:
             flight.started(starting)
-        # The results' writes, now that the workers they freed are busy; a worker that
-        # frees meanwhile is served first (with nothing running, everything is written).
-        job.flush(launcher.reported)
+        job.flush()  # the last result's writes, now that the workers it freed are busy
         if not launcher.running:
             return
         segment, report = launcher.next_report()

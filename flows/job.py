@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -158,14 +157,11 @@ class Job:
         self.tally.count(segment.trial, note, self.spec.metric)
         return decisions
 
-    def flush(self, enough: Callable[[], bool] | None = None) -> None:
+    def flush(self) -> None:
         """Write what :meth:`record` left to Optuna and to the trials' runs. The driver
         calls it once the segments a result freed have started: the writes (a transaction
-        per reported epoch, a run's tags) then overlap training instead of delaying it.
-        With ``enough`` (a segment has finished), it stops after the result it is writing,
-        at least one: a barrier's many trial ends (54 of digits' 81 trials) took 1.2 s
-        while the next stage's first segments ended and waited (docs/benchmarks.md)."""
-        for decision in self.loop.tell_optuna(enough):
+        per reported epoch, a run's tags) then overlap training instead of delaying it."""
+        for decision in self.loop.tell_optuna():
             self.runs.track(decision, self.tally.errors.get(decision.trial))
 
     def stage_done(self, segment: Segment, decisions: list[Decision]) -> bool:

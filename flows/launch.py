@@ -61,10 +61,6 @@ class Launcher:
         self._flight[future] = segment
         future.add_done_callback(self._done.put)
 
-    def reported(self) -> bool:
-        """Whether a segment has finished and waits to be collected."""
-        return not self._done.empty()
-
     def next_report(self) -> tuple[Segment, SegmentReport]:
         """Wait for the next segment to finish; it and its report."""
         with self.signals.delivered():

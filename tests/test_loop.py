@@ -116,29 +116,3 @@ def test_decide_leaves_optuna_for_later_and_replay_writes_what_a_dead_driver_lef
     expected = [(TrialState.PRUNED, {1: (s.trial + 1) / 4}) for s in segments]
     expected[-1] = (TrialState.RUNNING, expected[-1][1])  # the best goes on to rung 3
     assert [(t.state, t.intermediate_values) for t in study.trials] == expected
-
-
-def test_tell_optuna_writes_in_order_and_stops_when_enough() -> None:
-    """The driver writes a barrier's many trial ends between serving workers: each call
-    writes at least one result, in the order decided, and stops once ``enough`` says a
-    worker waits; the next call goes on where it stopped."""
-    spec = parse_job({**JOB, "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 3}})
-    study = optuna.create_study(direction="maximize")
-    loop = TuningLoop(spec, study)
-    segments = []
-    while (segment := loop.next_segment()) is not None:
-        segments.append(segment)
-    for s in segments:
-        loop.decide(Result(s.trial, s.stop, -(s.trial + 1) / 4))
-
-    def written() -> list[int]:
-        return [t.number for t in study.trials if t.intermediate_values]
-
-    told = loop.tell_optuna(lambda: True)  # a worker waits: one result, then back
-    assert written() == [0] and {d.trial for d in told} == {0}
-    answers = iter([False, True])  # no worker waits after result 1, one does after 2
-    loop.tell_optuna(lambda: next(answers))
-    assert written() == [0, 1, 2]
-    loop.tell_optuna()
-    assert written() == list(range(len(segments)))
-    assert loop.tell_optuna(lambda: True) == []  # nothing left: nothing written

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -192,18 +192,14 @@ class TuningLoop:
             self.journal.append({"result": asdict(result), "note": note})
         return decisions
 
-    def tell_optuna(self, enough: Callable[[], bool] | None = None) -> list[Decision]:
-        """Write to the study what :meth:`decide` left: intermediate values and trial ends,
-        result by result in the order decided. With ``enough``, stop after any result
-        once it says so (at least one is written); the rest waits for the next call.
+    def tell_optuna(self) -> list[Decision]:
+        """Write to the study what :meth:`decide` left: intermediate values and trial ends.
         Returns the decisions it wrote, for the executor's own records."""
-        told: list[Decision] = []
-        while self._untold:
-            result, decisions = self._untold.pop(0)
+        told = []
+        for result, decisions in self._untold:
             self._inform(result, decisions)
             told += decisions
-            if enough is not None and enough():
-                break
+        self._untold.clear()
         return told
 
     def _apply(self, result: Result) -> list[Decision]:
