@@ -54,11 +54,11 @@ def tune_nightly(job_files: list[str], warm_start: int = 3) -> list[dict[str, An
     logger = get_run_logger()
     rows, summaries, failures = [], [], []
     for job_file in job_files:
-        spec = load_job(job_file)
-        source, configs = previous_best(spec, warm_start)
         try:
+            spec = load_job(job_file)
+            source, configs = previous_best(spec, warm_start)
             summary = tune_spec(spec, warm_start=configs)
-        except Exception as exc:  # one bad job must not stop the others
+        except Exception as exc:  # one bad job (or job file) must not stop the others
             logger.error("%s failed: %s", job_file, exc)
             failures.append(job_file)
             rows.append(f"| {job_file} | failed: {exc} | | | | |")

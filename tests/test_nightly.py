@@ -74,3 +74,30 @@ def test_nightly_warm_starts_from_last_night_and_registers_only_improvements(tmp
 
     board = Artifact.get("tune-nightly")
     assert board is not None and second["job_id"] in board.data
+
+
+def test_a_bad_job_file_is_reported_and_the_others_still_run(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"name": "nightly-bad", "trainable": "x:y", "metric": "m"}))
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        yaml.safe_dump(
+            {
+                "name": "nightly-good",
+                "trainable": "tests.trainables:quadratic",
+                "metric": "val_accuracy",
+                "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+                "scheduler": {"name": "sha", "eta": 3, "min_resource": 1, "max_resource": 3},
+                "tracking": {
+                    "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                    "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
+                },
+            }
+        )
+    )
+    with pytest.raises(RuntimeError, match=r"1 nightly job\(s\) failed: .*bad\.yaml"):
+        tune_nightly([str(bad), str(good)])
+    board = Artifact.get("tune-nightly")
+    assert board is not None
+    assert "bad.yaml: space: Field required" in board.data  # the file and the field
+    assert "good.yaml | " in board.data and "| failed" not in board.data.split("good.yaml")[1]
