@@ -40,12 +40,13 @@ from flows.segment import (
 from flows.warm_pool import open_warm_pool
 from infra.backends import make_backend
 from infra.pools import read_pool, wait_for_worker
-from infra.sizing import InfraError, PoolBackend, SizingRecord
+from infra.sizing import Demand, InfraError, PoolBackend, SizingRecord
 from infra.template import gpu_job_variables
 from infra.warm_nodes import WARM_TYPE
 from planners.execution import ExecutionPlan
 from planners.search.schedulers.base import Segment
 from planners.spec import JobSpec, SpecError
+from planners.staging import Stage
 from tasks.tracking import Tracker
 from tasks.train import JobRef, SegmentReport, report_name
 
@@ -182,24 +183,38 @@ class PoolSizer:
         self._active: set[tuple[int, int]] = set()  # (bracket, rung) of the stages running
         self._sized = ""
 
+    def check(self) -> None:
+        """Bad input, before anything is sized, if the backend could not size a stage of
+        the plan on its own (or an asynchronous job's pool). Stages of brackets that overlap
+        are sized together later, and checked then."""
+        plan = self.execution.plan
+        alone: list[list[Stage]] = [[]] if plan is None else [[s] for s in plan.stages]
+        self.backend.check([self._demand(stages) for stages in alone])
+
     def size(self, starting: list[Segment]) -> list[SizingRecord]:
         """Size the pool for the stages active once ``starting`` starts; the actions taken."""
         plan = self.execution.plan
-        if plan is None:
-            stages, name = [], self.scheduler
-        else:
+        stages: list[Stage] = []
+        if plan is not None:
             self._active |= {(s.bracket, s.rung) for s in starting}
             stages = [plan.stage(*key) for key in sorted(self._active)]
             if not stages:  # between stages with nothing to start: keep the pool as it is
                 return []
-            name = "+".join(s.name for s in stages)
-        if name == self._sized:  # every change of the active stages is a sizing action
+        demand = self._demand(stages)
+        if demand.stage == self._sized:  # every change of the active stages is a sizing action
             return []
-        slots, gpus = self.execution.admission.demand(stages)
-        done = self.backend.size(name, slots, gpus, stages[-1].instance_type if stages else None)
+        done = self.backend.size(
+            demand.stage, demand.slots, demand.gpus_per_trial, demand.instance_type
+        )
         self.backend.wait_ready(timeout=600)
-        self._sized = name
+        self._sized = demand.stage
         return done
+
+    def _demand(self, stages: list[Stage]) -> Demand:
+        """What ``stages``, active together, ask of the pool (none: an asynchronous job)."""
+        name = "+".join(s.name for s in stages) if stages else self.scheduler
+        slots, gpus = self.execution.admission.demand(stages)
+        return Demand(name, slots, gpus, stages[-1].instance_type if stages else None)
 
     def stage_done(self, segment: Segment) -> None:
         """The stage of ``segment`` has all its results: it no longer holds the pool."""

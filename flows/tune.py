@@ -31,7 +31,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.compiled import CompiledJob, compile_job
 from flows.drive import drive
 from flows.job import Job, new_job_id
-from flows.pools import PoolTarget, open_pool
+from flows.pools import PoolSizer, PoolTarget, open_pool
 from flows.stored import stored_job
 from infra.sizing import InfraError
 from planners.spec import JobSpec, SpecError, load_job
@@ -109,6 +109,8 @@ def compile_for_pool(spec: JobSpec) -> tuple[CompiledJob, PoolTarget | None]:
     pool = None if spec.compute.pool == "local" else open_pool(spec)
     if pool is not None and pool.queues:
         compiled = replace(compiled, execution=compiled.execution.queued_on_nodes())
+    if pool is not None:  # a stage the cluster cannot hold is bad input, found here
+        PoolSizer(pool.backend, compiled.execution, spec.scheduler.name).check()
     return compiled, pool
 
 

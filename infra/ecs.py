@@ -314,6 +314,9 @@ class EcsCapacity(Sizer):
         )
         return target, nodes, detail
 
+    def fits(self, demand: Demand) -> None:
+        self.target(demand)
+
     def size(self, demand: Demand) -> list[SizingRecord]:
         target, nodes, detail = self.target(demand)
         records = [self.set_desired(target, demand.stage, nodes, detail)]

@@ -336,6 +336,9 @@ class WarmCapacity(Sizer):
     def check(self) -> None:
         self.capacity.check()
 
+    def fits(self, demand: Demand) -> None:
+        self.capacity.target(demand, whole_gpus=False)
+
     def size(self, demand: Demand) -> list[SizingRecord]:
         target, nodes, detail = self.capacity.target(demand, whole_gpus=False)
         records = []

@@ -95,11 +95,16 @@ class SizingRecord:
 
 
 class Sizer(ABC):
-    """One part of a backend. ``check`` validates before anything changes."""
+    """One part of a backend. ``check`` and ``fits`` validate before anything changes."""
 
     def check(self) -> None:
         """Raise :class:`InfraError` when the part cannot work; changes nothing."""
         return None  # optional hook: a part with nothing to validate passes
+
+    def fits(self, demand: Demand) -> None:
+        """Raise :class:`InfraError` when the part could not size ``demand``; changes
+        nothing (called after :meth:`check`)."""
+        return None  # optional hook: a Prefect limit takes any size
 
     @abstractmethod
     def size(self, demand: Demand) -> list[SizingRecord]:
@@ -129,12 +134,17 @@ class PoolBackend:
         self.records: list[SizingRecord] = []
         self._checked = False
 
-    def check(self) -> None:
-        """Validate every part (pool exists, credentials, capacity providers) once."""
+    def check(self, demands: Sequence[Demand] = ()) -> None:
+        """Validate every part (pool exists, credentials, capacity providers) once, and
+        that each part could size each of ``demands`` (a stage above a cluster's MaxSize
+        is refused before the first stage is sized)."""
         if not self._checked:
             for part in self.parts:
                 part.check()
             self._checked = True
+        for demand in demands:
+            for part in self.parts:
+                part.fits(demand)
 
     def size(
         self,

@@ -17,7 +17,7 @@ from moto import mock_aws
 from prefect_aws import AwsCredentials
 
 from infra.ecs import EcsCapacity
-from infra.sizing import CapacityError, MissingCredentials, PoolBackend
+from infra.sizing import CapacityError, Demand, MissingCredentials, PoolBackend
 
 REGION = "us-east-1"
 # Planted credentials: they must never show up in a log line.
@@ -173,6 +173,16 @@ def test_stage_above_max_size_fails_before_scaling(aws):
     with pytest.raises(CapacityError, match="MaxSize 4"), backend() as b:
         b.size("huge", slots=5, gpus_per_trial=1, instance_type=SMALL)
     assert desired("small") == (0, 0)
+
+
+def test_a_later_stage_above_max_size_is_refused_before_the_first_is_sized(aws):
+    stages = [Demand("b0-r0", 2, 1.0, SMALL), Demand("b0-r1", 5, 1.0, SMALL)]
+    b = backend()
+    with pytest.raises(CapacityError, match=r"'b0-r1' needs 5 x g5\.xlarge .* MaxSize 4"), b:
+        b.check(stages)
+        b.size("b0-r0", slots=2, gpus_per_trial=1, instance_type=SMALL)
+    assert desired("small") == (0, 0)
+    assert [r.stage for r in b.records if r.after] == []  # nothing was ever scaled up
 
 
 @pytest.mark.parametrize(

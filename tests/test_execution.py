@@ -11,6 +11,8 @@ import pytest
 import yaml
 
 from flows.cli import main
+from flows.pools import PoolSizer
+from infra.sizing import CapacityError, Demand, PoolBackend, Sizer, SizingRecord
 from planners.execution import execution_plan
 from planners.search.schedulers.base import Segment
 from planners.spec import SpecError, parse_job
@@ -218,3 +220,55 @@ def test_plan_of_a_trainable_not_here_says_so(tmp_path, capsys) -> None:
     assert main(["plan", write(tmp_path, job(**PLANNED, trainable="nowhere:train"))]) == 0
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("mode: unknown here (trainable: cannot import nowhere")
+
+
+# --- the pool checked for every stage before the first is sized ----------------------------
+
+
+class _Refusing(Sizer):
+    """A pool part that cannot hold stage ``refused``; records what it was asked."""
+
+    def __init__(self, refused: str) -> None:
+        self.refused = refused
+        self.asked: list[Demand] = []
+        self.sized: list[Demand] = []
+
+    def fits(self, demand: Demand) -> None:
+        self.asked.append(demand)
+        if demand.stage == self.refused:
+            raise CapacityError(f"stage {demand.stage!r} needs {demand.slots} slots")
+
+    def size(self, demand: Demand) -> list[SizingRecord]:
+        self.sized.append(demand)
+        return []
+
+    def release(self) -> list[SizingRecord]:
+        return []
+
+
+def test_a_later_stage_the_pool_cannot_hold_is_refused_before_the_first_is_sized() -> None:
+    spec = parse_job(job(scheduler={"name": "sha", "eta": 3, "max_resource": 9}))
+    execution = execution_plan(spec, distributed=False)
+    assert execution.plan is not None
+    last = execution.plan.stages[-1].name
+    part = _Refusing(last)
+    backend = PoolBackend("test", [part])
+    with pytest.raises(CapacityError, match=f"stage '{last}'"):
+        PoolSizer(backend, execution, "sha").check()
+    assert [d.stage for d in part.asked] == [s.name for s in execution.plan.stages]
+    assert part.sized == [] and backend.records == []
+
+    first = execution.plan.stages[0]
+    segment = Segment(0, first.start, first.stop, first.rung, first.bracket)
+    sizer = PoolSizer(PoolBackend("test", [_Refusing("none")]), execution, "sha")
+    sizer.check()
+    sizer.size([segment])
+    assert sizer.backend.parts[0].sized == [part.asked[0]]  # what check asked is what size sizes
+
+
+def test_an_asynchronous_job_checks_its_one_pool_size() -> None:
+    spec = parse_job(job(scheduler=ASHA, compute=compute(workers=3)))
+    execution = execution_plan(spec, distributed=False)
+    part = _Refusing("asha")
+    with pytest.raises(CapacityError, match="stage 'asha' needs 3 slots"):
+        PoolSizer(PoolBackend("test", [part]), execution, "asha").check()
