@@ -260,10 +260,11 @@ def test_a_later_stage_the_pool_cannot_hold_is_refused_before_the_first_is_sized
 
     first = execution.plan.stages[0]
     segment = Segment(0, first.start, first.stop, first.rung, first.bracket)
-    sizer = PoolSizer(PoolBackend("test", [_Refusing("none")]), execution, "sha")
+    fitting = _Refusing("none")
+    sizer = PoolSizer(PoolBackend("test", [fitting]), execution, "sha")
     sizer.check()
     sizer.size([segment])
-    assert sizer.backend.parts[0].sized == [part.asked[0]]  # what check asked is what size sizes
+    assert fitting.sized == [part.asked[0]]  # what the check asked is what the stage sizes
 
 
 def test_an_asynchronous_job_checks_its_one_pool_size() -> None:
