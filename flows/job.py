@@ -139,17 +139,20 @@ class Job:
     def record(self, segment: Segment, report: SegmentReport) -> list[Decision]:
         """A segment's result: journaled, decided by the scheduler and tallied. Optuna and
         the trials' MLflow runs learn of it at :meth:`flush`."""
+        error = report.error
         if self.spec.metric in report.metrics_seen:
             self.tally.metric_seen = True
-        elif report.error is None and not self.tally.metric_seen:
+        elif error is None:
             seen = ", ".join(report.metrics_seen) or "nothing"
-            raise MetricNotReported(
-                f"metric: {self.spec.trainable} never reported {self.spec.metric!r} "
-                f"(it reported: {seen})"
-            )
+            if report.metrics_seen and not self.tally.metric_seen:  # a name mistaken
+                raise MetricNotReported(
+                    f"metric: {self.spec.trainable} never reported {self.spec.metric!r} "
+                    f"(it reported: {seen})"
+                )
+            error = f"the segment reported no {self.spec.metric!r} (it reported: {seen})"
         note = {
             "metrics_seen": list(report.metrics_seen),
-            "error": report.error,
+            "error": error,
             "rung": segment.rung,
             "bracket": segment.bracket,
         }

@@ -3,9 +3,10 @@
 collected in the order they finish (each future's done callback queues it). Waiting for
 the next one is where the driver takes SIGTERM and SIGINT (flows/signals.py).
 
-A segment that fails to produce a report (its worker was lost on every retry, or it ran
-over ``compute.segment_timeout``: tasks/train.py) comes back as a failed report: its trial
-fails, the job carries on.
+A segment that fails to produce a report (its worker was lost on every retry, it ran
+over ``compute.segment_timeout``: tasks/train.py, or anything else raised) comes back as a
+failed report: its trial fails, the job carries on. Only a width the job cannot run
+(a SpecError) ends the job, as bad input.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from flows.pools import Launched, PoolTarget
 from flows.segment import WorkerLost
 from flows.signals import HeldSignals
 from planners.search.schedulers.base import Segment
+from planners.spec import SpecError
 from planners.staging.devices import LocalDevices
 from tasks.train import JobRef, SegmentReport, train_segment
 
@@ -72,6 +74,10 @@ class Launcher:
             return segment, future.result()
         except WorkerLost as exc:  # every retry lost its worker
             return segment, SegmentReport.failure(segment, f"worker lost: {exc}")
+        except SpecError:
+            raise  # a width the job cannot run (tasks/train.py): bad input, not a trial's
+        except Exception as exc:  # whatever else ended the segment ends its trial alone
+            return segment, SegmentReport.failure(segment, f"{type(exc).__name__}: {exc}")
 
     def wait_all(self) -> None:
         """Let every segment in flight end (the job is ending with an error)."""

@@ -128,7 +128,11 @@ def register_best(job: Job, best: Best) -> dict[str, Any]:
         tracker=tracker,
         seed=job.ref.trial_seed(best.trial),
     )
-    job.compiled.trainable(dict(best.config), ctx)
+    try:
+        job.compiled.trainable(dict(best.config), ctx)
+    except (Exception, SystemExit) as exc:  # the job's results stand without a registry entry
+        get_run_logger().warning("the trainable raised building the best model: %r", exc)
+        return outcome
     model = ctx.objects.get("model")
     if not isinstance(model, torch.nn.Module):
         get_run_logger().warning("trainable passes no model= to ctx.restore; nothing registered")

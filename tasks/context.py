@@ -174,7 +174,7 @@ class TrialContext:
 
     def report(self, resource: float | None = None, **metrics: float) -> None:
         """Log metrics at ``resource`` (default: the current one) to the trial's MLflow run."""
-        step = self.resource if resource is None else resource
+        step = self.resource if resource is None else _step(resource)
         values = {k: float(v) for k, v in metrics.items()}
         self.reports.append((step, values))
         if self.rank == 0:
@@ -194,6 +194,16 @@ class TrialContext:
         # A spooled checkpoint carries the metrics not yet in MLflow, for a retry to log.
         unwritten = self._unwritten if self._spool is not None else []
         torch.save({"resource": self.resource, "state": state, "metrics": unwritten}, buffer)
+        buffer.seek(0)
+        # What restore (torch.load, weights only) would refuse fails the trial now, not its
+        # next segment silently from scratch (a refused checkpoint reads as none).
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(buffer)
+        if unsafe:
+            raise ValueError(
+                f"ctx.checkpoint: {', '.join(sorted(objects))} hold {', '.join(unsafe)}, which "
+                "torch.load(weights_only=True) refuses: checkpoint state_dicts, tensors, "
+                "plain numbers, strings, lists and dicts"
+            )
         if self._spool is not None:
             self._spool.write(self.run_id, self.resource, buffer.getvalue())
             return
@@ -282,3 +292,15 @@ class TrialContext:
         """This process's share of each global batch of ``global_batch`` indices out of
         ``size``; the global batches, and so the training, do not depend on the width."""
         return GlobalBatches(size, global_batch, self.rank, self.world_size, seed)
+
+
+# MLflow keeps a metric's step as a 64-bit integer; beyond 2**53 a float step is not exact.
+_MAX_STEP = 2**53
+
+
+def _step(resource: Any) -> float:
+    """The resource a trainable reports at, as a float; ValueError (its trial fails, the job
+    goes on) for anything but a finite number in [0, 2**53]."""
+    if isinstance(resource, str | bytes) or not 0 <= (step := float(resource)) <= _MAX_STEP:
+        raise ValueError(f"ctx.report: resource must be a number in [0, 2**53], got {resource!r}")
+    return step

@@ -315,7 +315,7 @@ def _train(
             trainable(dict(config), ctx)
     except SegmentTimeout:
         return ctx, timeout_reason(job.segment_timeout)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a trainable's sys.exit() ends its trial alone
         error = "".join(traceback.format_exception_only(exc)).strip()
         error += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])
         return ctx, error

@@ -158,6 +158,10 @@ def test_failing_nan_and_hung_trials_are_marked_failed_and_the_job_goes_on(
         ("flaky", "diverged"),
         ("nan_for_small_x", "is nan"),
         ("hangs_for_small_x", "timeout: segment ran over 2 s"),
+        ("exits_for_small_x", "SystemExit: 3"),
+        ("bad_resource_for_small_x", "resource must be a number in [0, 2**53], got nan"),
+        ("silent_for_small_x", "reported no 'val_accuracy' (it reported: nothing)"),
+        ("numpy_checkpoint_for_small_x", "torch.load(weights_only=True) refuses"),
     ]:
         code, summary, err = run_job(
             tmp_path,
@@ -176,6 +180,17 @@ def test_failing_nan_and_hung_trials_are_marked_failed_and_the_job_goes_on(
         study = optuna.load_study(study_name=summary["job_id"], storage=summary["optuna_storage"])
         assert sum(t.state is TrialState.FAIL for t in study.trials) == len(failed)
         assert summary["best"] is not None
+
+
+def test_a_trainable_that_raises_building_the_best_model_leaves_the_job_done(
+    tmp_path, stores, capsys, caplog
+) -> None:
+    trainable = "tests.trainables:raises_with_nothing_to_train"
+    code, summary, err = run_job(tmp_path, stores, capsys, trainable=trainable)
+    assert code == 0, err
+    assert summary["best"] is not None and summary["model"]["version"] is None
+    assert "the trainable raised building the best model" in caplog.text
+    assert "no epochs, no model" in caplog.text
 
 
 def test_metric_never_reported_is_bad_input_and_leaves_nothing(tmp_path, stores, capsys) -> None:

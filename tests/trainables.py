@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from tasks.context import TrialContext
@@ -43,6 +44,39 @@ def nan_for_small_x(config: dict, ctx: TrialContext) -> None:
     start = ctx.restore()
     for _ in ctx.range(start):
         ctx.report(val_accuracy=math.nan if config["x"] < 0.3 else config["x"])
+
+
+def exits_for_small_x(config: dict, ctx: TrialContext) -> None:
+    """Calls ``sys.exit(3)`` for small x, as a script's argument check would."""
+    if config["x"] < 0.3:
+        sys.exit(3)
+    quadratic(config, ctx)
+
+
+def bad_resource_for_small_x(config: dict, ctx: TrialContext) -> None:
+    """Reports at resource NaN for small x (a step computed from a diverged value)."""
+    for epoch in ctx.range(ctx.restore()):
+        ctx.report(math.nan if config["x"] < 0.3 else epoch, val_accuracy=config["x"])
+
+
+def silent_for_small_x(config: dict, ctx: TrialContext) -> None:
+    """Returns without reporting anything for small x (an early return)."""
+    if config["x"] >= 0.3:
+        quadratic(config, ctx)
+
+
+def raises_with_nothing_to_train(config: dict, ctx: TrialContext) -> None:
+    """:func:`quadratic`, but raises when called with nothing to train (the registration)."""
+    if ctx.stop == ctx.start:
+        raise RuntimeError("no epochs, no model")
+    quadratic(config, ctx)
+
+
+def numpy_checkpoint_for_small_x(config: dict, ctx: TrialContext) -> None:
+    """Checkpoints a numpy number for small x, which a weights-only restore refuses."""
+    for epoch in ctx.range(ctx.restore()):
+        ctx.report(val_accuracy=config["x"])
+        ctx.checkpoint(epoch=np.int64(epoch) if config["x"] < 0.3 else epoch)
 
 
 def wrong_metric(config: dict, ctx: TrialContext) -> None:
