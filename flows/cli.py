@@ -165,16 +165,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from planners.cost import plan_job, read_catalog
 
     catalog = read_catalog(args.catalog) if args.catalog else None
+    if args.gantt:
+        _check_gantt(args.gantt)
     from flows.compiled import local_devices
 
     # A job on this machine is planned on its slots: its CUDA devices, else compute.workers.
     report = plan_job(spec, planner=args.planner, catalog=catalog, devices=local_devices(spec))
     if args.gantt:
         from planners.cost.gantt import draw_gantt
-
-        folder = os.path.dirname(os.path.abspath(args.gantt))
-        if not os.path.isdir(folder):
-            raise UsageError(f"--gantt {args.gantt}: folder {folder} does not exist")
 
         draw_gantt(report, args.gantt)
     _emit(report.to_dict(), args.json, lambda _: _print_plan(report))
@@ -195,6 +193,18 @@ def _run_mode(spec: JobSpec, catalog: Catalog | None, report: PlanReport | None)
         return str(compile_job(spec, catalog=catalog, report=report).execution.mode)
     except TrainableError as exc:  # the plan prices the job; its code may live elsewhere
         return f"mode: unknown here ({exc})"
+
+
+def _check_gantt(path: str) -> None:
+    """``--gantt``'s file: its folder exists and matplotlib writes its format."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--gantt {path}: folder {folder} does not exist")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if Path(path).suffix.lower().removeprefix(".") not in formats:
+        raise UsageError(f"--gantt {path}: name a file ending in one of .{', .'.join(formats)}")
 
 
 def _print_plan(report: Any) -> None:
@@ -242,6 +252,9 @@ def _table(title: str, columns: list[str], rows: list[list[str]], compact: bool)
 
 def cmd_profile(args: argparse.Namespace) -> int:
     spec = _load(args)
+    folder = Path(args.out).resolve().parent if args.out else None
+    if folder is not None and not folder.is_dir():  # found before minutes of measuring
+        raise UsageError(f"--out {args.out}: folder {folder} does not exist")
     from tasks.profile import measure
 
     _quiet_optuna()
@@ -290,7 +303,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     _quiet_optuna()
     workers = spec.compute.workers if args.workers is None else args.workers
-    if args.preemptions_per_hour < 0:
+    if not args.preemptions_per_hour >= 0:  # NaN too
         raise UsageError(f"--preemptions-per-hour must be >= 0, got {args.preemptions_per_hour}")
     preemption = Preemption(args.preemptions_per_hour) if args.preemptions_per_hour else None
     report = simulate_job(spec, args.benchmark, workers, args.seeds, preemption=preemption)

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import optuna
 
 from planners.spec import JobSpec, SpecError, parse_job
-from tasks.stores import check_storage, local_uri, sqlite_path
+from tasks.stores import check_storage, local_uri, sqlite_path, sqlite_tables
 from tasks.study_storage import driver_storage
 
 # Where a job keeps what resume needs: the spec and parent run on the study, each trial's
@@ -40,12 +40,9 @@ def stored_job(job_id: str, storage: str, field: str = "storage") -> StoredJob:
     """Job ``job_id`` as its study in ``storage`` holds it; a job that is not there is bad
     input naming the job id, a malformed ``storage`` bad input naming ``field``."""
     check_storage(storage, field)
-    url = local_uri(storage)
-    database = sqlite_path(url)
-    if database is not None and not database.exists():  # load_study would create it
-        raise SpecError(f"job id: no job {job_id!r} in {storage} (no such database)")
+    check_optuna_file(job_id, storage)
     try:
-        study = optuna.load_study(study_name=job_id, storage=driver_storage(url))
+        study = optuna.load_study(study_name=job_id, storage=driver_storage(local_uri(storage)))
     except KeyError:
         raise SpecError(f"job id: no job {job_id!r} in {storage}") from None
     attrs = study.user_attrs  # one read of the storage
@@ -53,3 +50,17 @@ def stored_job(job_id: str, storage: str, field: str = "storage") -> StoredJob:
         raise SpecError(f"job id: study {job_id!r} was not made by elastune")
     spec = parse_job(attrs[SPEC_ATTR], f"job {job_id}")
     return StoredJob(study, spec, attrs[RUN_ATTR], attrs.get(FINISHED_ATTR))
+
+
+def check_optuna_file(job_id: str, storage: str) -> None:
+    """Bad input naming the job id when a SQLite ``storage`` holds no Optuna study: read
+    before Optuna opens it, which would create the file and its folder, or write its
+    schema into an empty file."""
+    database = sqlite_path(storage)
+    if database is None:
+        return
+    if not database.exists():
+        raise SpecError(f"job id: no job {job_id!r} in {storage} (no such database)")
+    tables = sqlite_tables(database)
+    if tables is not None and "studies" not in tables:
+        raise SpecError(f"job id: no job {job_id!r} in {storage} (no Optuna study there)")

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +30,8 @@ def sqlite_path(uri: str) -> Path | None:
 
 def local_uri(uri: str) -> str:
     """Make a relative ``sqlite:///path`` absolute (and its folder exist), so that every
-    worker process resolves the same file whatever its working directory."""
+    worker process resolves the same file whatever its working directory. Not for checks:
+    bad input must leave no folder behind."""
     path = sqlite_path(uri)
     if path is None or path.is_absolute():
         return uri
@@ -42,13 +44,40 @@ def check_storage(uri: str, field: str) -> None:
     """Bad input unless ``uri`` is a database URL Optuna can open: found before the job
     creates anything, so that a typo never leaves half a job in the other store."""
     try:
-        url = sqlalchemy.engine.make_url(uri)
-        url.get_dialect()
+        sqlalchemy.engine.make_url(uri).get_dialect()
     except (sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError):
         raise SpecError(
             f"{field}: {uri!r} is not a database URL (e.g. sqlite:///.elastune/optuna.db)"
         ) from None
+    check_database(uri, field)
+
+
+def check_database(uri: str, field: str) -> None:
+    """Bad input unless the database at SQLAlchemy URL ``uri`` can be opened as far as can
+    be told without a connection: its driver installed, and for SQLite its folder there and
+    the file, if any, a database. Reads only, so a check creates and changes nothing."""
+    check_driver(uri, field)
     check_folder(uri, field)
+    check_sqlite_file(uri, field)
+
+
+# The pip package of a database driver, where its module is named otherwise.
+DRIVER_PACKAGES = {"psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient"}
+
+
+def check_driver(uri: str, field: str) -> None:
+    """Bad input when the DB-API module of ``uri``'s dialect is not installed: SQLAlchemy
+    imports it only when the store first connects, inside the running job."""
+    url = sqlalchemy.engine.make_url(uri)
+    try:
+        url.get_dialect().import_dbapi()
+    except ImportError as exc:
+        module = (exc.name or url.get_driver_name()).split(".")[0]
+        package = DRIVER_PACKAGES.get(module, module)
+        raise SpecError(
+            f"{field}: {url.get_backend_name()} needs a database driver that is not "
+            f"installed ({module}): pip install {package}"
+        ) from None
 
 
 def check_folder(uri: str, field: str) -> None:
@@ -57,6 +86,39 @@ def check_folder(uri: str, field: str) -> None:
     path = sqlite_path(uri)
     if path is not None and path.is_absolute() and not path.parent.is_dir():
         raise SpecError(f"{field}: folder {path.parent} does not exist")
+
+
+def check_sqlite_file(uri: str, field: str) -> None:
+    """Bad input when a SQLite URI names a file that is there but is not a database (or a
+    folder): the store would fail inside the job, after the other store was written."""
+    path = sqlite_path(uri)
+    if path is None or not path.exists():
+        return
+    if path.is_dir():
+        raise SpecError(f"{field}: {path} is a folder, not a SQLite database")
+    try:
+        sqlite_tables(path)
+    except sqlite3.DatabaseError as exc:
+        raise SpecError(f"{field}: {path} is not a SQLite database ({exc})") from None
+
+
+def sqlite_tables(path: Path) -> set[str] | None:
+    """The tables of the SQLite database ``path``, opened read-only: it is neither created
+    nor written, not even an empty file (which SQLite takes for an empty database, and
+    Optuna or MLflow would write their schema into). None where a read-only connection
+    cannot tell but the store's own can: a journal that a killed writer left to roll back,
+    a lock held past the timeout. Raises ``sqlite3.DatabaseError`` for a file that is not
+    a database or is damaged."""
+    read_only = f"{path.resolve().as_uri()}?mode=ro"
+    try:
+        with contextlib.closing(sqlite3.connect(read_only, uri=True)) as connection:
+            query = "SELECT name FROM sqlite_master WHERE type = 'table'"
+            rows = connection.execute(query).fetchall()
+    except sqlite3.DatabaseError as exc:
+        if (exc.sqlite_errorname or "").startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")):
+            raise
+        return None
+    return {name for (name,) in rows}
 
 
 @contextlib.contextmanager

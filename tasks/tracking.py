@@ -34,7 +34,7 @@ from mlflow.utils.uri import (
 from planners.spec import SpecError
 from planners.spec.cache import copy_of_empty
 from tasks.spool import checkpoint_name, checkpoint_resource
-from tasks.stores import check_folder, first_use, local_uri, sqlite_path
+from tasks.stores import check_database, first_use, local_uri, sqlite_path
 
 CHECKPOINTS = "checkpoints"
 
@@ -46,12 +46,13 @@ def check_tracking_uri(uri: str, field: str) -> None:
         return
     try:
         extract_db_type_from_uri(uri)
-    except MlflowException:
+        sqlalchemy.engine.make_url(uri).get_dialect()
+    except (MlflowException, sqlalchemy.exc.ArgumentError, sqlalchemy.exc.NoSuchModuleError):
         raise SpecError(
             f"{field}: {uri!r} is neither a tracking server (http://...) nor a database URI "
             "(e.g. sqlite:///.elastune/mlflow.db)"
         ) from None
-    check_folder(uri, field)
+    check_database(uri, field)
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:

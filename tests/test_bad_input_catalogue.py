@@ -6,6 +6,7 @@ nothing created in MLflow or Optuna.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import optuna
@@ -86,6 +87,21 @@ JOBS = [
         "ecs with an inline key",
         edit("compute", {"ecs": {"cluster": "gpu", "aws_secret_access_key": "x"}}),
         "compute.ecs.aws_secret_access_key",
+    ),
+    # A ladder up to .inf never ended (validation looped for ever).
+    ("infinite max_resource", edit("scheduler.max_resource", math.inf), "scheduler.max_resource"),
+    ("NaN deadline", edit("budget", {"deadline": math.nan}), "budget.deadline"),
+    ("infinite deadline", edit("budget", {"deadline": math.inf}), "budget.deadline"),
+    ("infinite bound", edit("space.x.high", math.inf), "space.x.high"),
+    (
+        "a parameter named like a scheduler",
+        edit("space", {"sha": {"type": "float", "low": 1.0, "high": 0.0}}),
+        "space.sha.high",
+    ),
+    (
+        "a sampler option's value refused",
+        edit("sampler", {"name": "qmc", "qmc_type": "bogus"}),
+        "sampler.qmc_type",
     ),
 ]
 
@@ -270,6 +286,22 @@ FLAGS = [
     ("run: --pool without a name", ["run", "{job}", "--pool"], "--pool"),
     ("run: --set without a value", ["run", "{job}", "--set"], "--set"),
     ("run: job file is a folder", ["run", "{tmp}"], "cannot read job file"),
+    (
+        "plan: a gantt format matplotlib lacks",
+        ["plan", "{planned}", "--gantt", "{tmp}/g.xyz"],
+        "--gantt",
+    ),
+    ("plan: a gantt file without a format", ["plan", "{planned}", "--gantt", "{tmp}/g"], "--gantt"),
+    (
+        "simulate: NaN preemptions",
+        ["simulate", "{job}", "--benchmark", "lcbench:3945", "--preemptions-per-hour", "nan"],
+        "--preemptions-per-hour",
+    ),
+    (
+        "profile: --out into a missing folder",
+        ["profile", "{job}", "--no-calibrate", "--out", "{tmp}/no/such/profile.yaml"],
+        "--out",
+    ),
 ]
 
 
@@ -280,6 +312,21 @@ def test_bad_flag(why, argv, field, tmp_path, stores, capsys) -> None:
     # --set goes last only where the command takes it (resume and a dangling --set do not).
     extra = stores if argv[0] != "resume" and argv[-1] != "--set" else []
     assert_rejected(capsys, main([*argv, *extra]), field, tmp_path)
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_a_job_file_that_is_not_text(command, tmp_path, stores, capsys) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_bytes(b"\xff\xfe\x00bin\x80")
+    assert_rejected(capsys, main([command, str(path), *stores]), "not UTF-8 text", tmp_path)
+
+
+def test_a_catalog_that_is_not_text(tmp_path, stores, capsys) -> None:
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_bytes(b"\xff\xfe\x00bin\x80")
+    job = write(tmp_path, "job.yaml", PLANNED)
+    code = main(["plan", job, "--catalog", str(catalog), *stores])
+    assert_rejected(capsys, code, "not UTF-8 text", tmp_path)
 
 
 def test_plan_gantt_into_a_missing_folder(tmp_path, stores, capsys) -> None:

@@ -38,7 +38,7 @@ class BillingRule(BaseModel):
             billed once the instance is ready.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     quantum_s: float = Field(default=1.0, gt=0)
     min_charge_s: float = Field(default=60.0, ge=0)

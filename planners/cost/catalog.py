@@ -38,7 +38,8 @@ from pydantic import Field, ValidationError, field_validator
 
 from planners.cost.billing import BillingRule
 from planners.spec import SpecError
-from planners.spec.model import StrictModel, format_error
+from planners.spec.load import format_error
+from planners.spec.model import StrictModel
 
 
 class Delay(StrictModel):
@@ -181,4 +182,6 @@ def read_catalog(path: str | Path | None = None) -> Catalog:
         text = Path(path).read_text()
     except OSError as exc:
         raise SpecError(f"{path}: cannot read catalog ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a catalog (not UTF-8 text)") from None
     return parse_catalog(text, str(path))

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from planners.spec.model import JobSpec, SpecError, format_error
+from planners.spec.model import JobSpec, SpecError
 from planners.spec.space import check_sampler
 
 
@@ -63,6 +63,8 @@ def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> J
         text = path.read_text()
     except OSError as exc:
         raise SpecError(f"{path}: cannot read job file ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not a job file (not UTF-8 text)") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -76,3 +78,17 @@ def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> J
     for assignment in overrides:
         apply_override(data, assignment)
     return parse_job(data, str(path))
+
+
+def format_error(error: ValidationError, source: str) -> str:
+    """Pydantic's first error as one line naming the field's path in ``source``."""
+    first = error.errors()[0]
+    # Drop pydantic's union tags ("float", "sha") so the path reads like the YAML; the
+    # key right under ``space`` is a parameter's name, whatever it is.
+    tags = {"float", "int", "categorical", "sha", "hyperband", "function-after"}
+    tags |= {"asha", "random", "fifo", "median", "pbt", "bloom"}
+    loc = [str(p) for p in first["loc"]]
+    kept = [p for i, p in enumerate(loc) if p not in tags or (i > 0 and loc[i - 1] == "space")]
+    path = ".".join(kept) or "<root>"
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{source}: {path}: {message}"

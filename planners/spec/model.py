@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -24,7 +25,6 @@ from pydantic import (
     Field,
     NonNegativeFloat,
     PositiveFloat,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -40,9 +40,10 @@ class SpecError(ValueError):
 
 class StrictModel(BaseModel):
     """A frozen model that refuses unknown fields: the job file's sections and the
-    catalog's entries, so that a misspelt key is an error naming it."""
+    catalog's entries, so that a misspelt key is an error naming it. No number may be
+    infinite or NaN (a rung ladder up to ``.inf`` would never end)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --- search space -------------------------------------------------------------------------
@@ -301,8 +302,8 @@ def parse_duration(value: str | float | int) -> float:
             raise ValueError(f"not a duration: {value!r} (use e.g. 90s, 30m, 2h or 1h30m)")
         h, m, s = (float(g) if g else 0.0 for g in match.groups())
         seconds = 3600 * h + 60 * m + s
-    if seconds <= 0:
-        raise ValueError(f"duration must be positive, got {value!r}")
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"duration must be positive and finite, got {value!r}")
     return seconds
 
 
@@ -484,17 +485,3 @@ class JobSpec(StrictModel):
     def loss(self, value: float) -> float:
         """The minimised quantity for a reported metric value."""
         return -value if self.mode == "max" else value
-
-
-# --- errors -------------------------------------------------------------------------------
-
-
-def format_error(error: ValidationError, source: str) -> str:
-    """Pydantic's first error as one line naming the field's path in ``source``."""
-    first = error.errors()[0]
-    # Drop pydantic's union tags ("float", "sha") so the path reads like the YAML.
-    tags = {"float", "int", "categorical", "sha", "hyperband", "function-after"}
-    tags |= {"asha", "random", "fifo", "median", "pbt", "bloom"}
-    path = ".".join(str(p) for p in first["loc"] if str(p) not in tags) or "<root>"
-    message = first["msg"].removeprefix("Value error, ")
-    return f"{source}: {path}: {message}"

@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
 
 import numpy as np
@@ -84,7 +85,8 @@ def grid(spec: JobSpec) -> dict[str, list[Any]]:
 
 
 def check_sampler(spec: JobSpec) -> None:
-    """Reject sampler options the named Optuna sampler does not take."""
+    """Reject sampler options the named Optuna sampler does not take, or whose values it
+    refuses: the sampler is built once here (microseconds), before any store exists."""
     cls = _SAMPLERS[spec.sampler.name]
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "seed", "search_space"}
     for option in spec.sampler.options:
@@ -93,8 +95,15 @@ def check_sampler(spec: JobSpec) -> None:
                 f"sampler.{option}: not an option of {cls.__name__} "
                 f"(accepted: {', '.join(sorted(accepted))})"
             )
-    if spec.sampler.name == "grid":
-        grid(spec)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # experimental samplers say so at every build
+            make_sampler(spec)
+    except SpecError:
+        raise  # grid's own, naming the parameter
+    except (TypeError, ValueError) as exc:
+        names = ", ".join(f"sampler.{o}" for o in spec.sampler.options) or "sampler"
+        raise SpecError(f"{names}: refused by {cls.__name__}: {exc}") from None
 
 
 def make_sampler(spec: JobSpec, seed: int | None = None) -> optuna.samplers.BaseSampler:
