@@ -8,9 +8,11 @@ and nothing else there; logs and progress go to stderr.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -416,5 +418,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return FAILED
 
 
+# How long the command's exit may wait on threads a trainable left running before it goes
+# without them: Python joins every non-daemon thread before its exit handlers, one of which
+# stops the command's Prefect server.
+EXIT_GRACE_SECONDS = 10.0
+
+
+def command() -> None:
+    """The ``elastune`` command: :func:`main`, and an exit no stray thread can hold up."""
+    code = main()
+    handlers = threading.Event()
+    atexit.register(handlers.set)  # registered last, run first: the threads were joined
+
+    def leave_stray_threads() -> None:
+        if handlers.wait(EXIT_GRACE_SECONDS):
+            return
+        main_thread = threading.main_thread()
+        stray = [t.name for t in threading.enumerate() if not t.daemon and t is not main_thread]
+        print(f"exiting without threads still running: {', '.join(stray)}", file=sys.stderr)
+        sys.stderr.flush()
+        atexit._run_exitfuncs()  # the handlers Python would have run: the server stops
+        os._exit(code)
+
+    threading.Thread(target=leave_stray_threads, name="elastune-exit", daemon=True).start()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

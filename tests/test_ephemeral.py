@@ -110,6 +110,47 @@ def test_a_killed_run_leaves_no_prefect_server(
             os.killpg(driver.pid, signal.SIGKILL)
 
 
+def test_a_thread_the_trainable_left_running_does_not_hold_up_the_exit(tmp_path: Path) -> None:
+    """Python joins every non-daemon thread before its exit handlers, which stop the
+    command's server: the command goes without such a thread, and stops its server."""
+    job = {
+        "name": "stray",
+        "trainable": "tests.trainables:leaves_a_thread",
+        "metric": "val_accuracy",
+        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+        "scheduler": {"name": "sha", "eta": 3, "max_resource": 3, "max_trials": 3},
+        "tracking": {
+            "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
+            "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
+        },
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    log = tmp_path / "epochs.log"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PYTHONPATH=str(ROOT), ELASTUNE_TEST_LOG=str(log), PREFECT_HOME=str(tmp_path))
+    new_database(tmp_path / "prefect.db")
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "job.yaml")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert wait_for(lambda: log.exists() and log.read_text().strip(), 180), "never trained"
+        servers = [pid for pid in children(driver.pid) if is_server(pid)]
+        assert servers, "the run started no ephemeral server"
+        _, err = driver.communicate(timeout=180)
+        assert driver.returncode == 0, err
+        assert "exiting without threads still running: left-by-a-trial" in err
+        assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+
+
 # A process that runs a flow on the early server, then looks at what Prefect was left with.
 POINTED = """
 import sys, threading

@@ -6,6 +6,7 @@ import gc
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -77,6 +78,12 @@ def numpy_checkpoint_for_small_x(config: dict, ctx: TrialContext) -> None:
     for epoch in ctx.range(ctx.restore()):
         ctx.report(val_accuracy=config["x"])
         ctx.checkpoint(epoch=np.int64(epoch) if config["x"] < 0.3 else epoch)
+
+
+def leaves_a_thread(config: dict, ctx: TrialContext) -> None:
+    """:func:`logged_quadratic`, leaving a thread (not a daemon) that outlives the job."""
+    threading.Thread(target=time.sleep, args=(3600,), name="left-by-a-trial").start()
+    logged_quadratic(config, ctx)
 
 
 def wrong_metric(config: dict, ctx: TrialContext) -> None:
