@@ -34,7 +34,7 @@ from flows.job import Job, new_job_id
 from flows.pools import PoolSizer, PoolTarget, open_pool
 from flows.stored import stored_job
 from infra.sizing import InfraError
-from planners.spec import JobSpec, SpecError, load_job
+from planners.spec import MAX_WORKERS, JobSpec, SpecError, load_job
 
 
 def job_run_name() -> str:
@@ -43,7 +43,11 @@ def job_run_name() -> str:
     return flow_run.parameters.get("job_id") or flow_run.name
 
 
-@flow(name="tune", flow_run_name=job_run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
+@flow(
+    name="tune",
+    flow_run_name=job_run_name,
+    task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),
+)
 def tune(
     job_file: str,
     overrides: list[str] | None = None,
@@ -59,7 +63,11 @@ def tune(
     return outcome.value
 
 
-@flow(name="tune", flow_run_name=job_run_name, task_runner=ThreadPoolTaskRunner(max_workers=64))
+@flow(
+    name="tune",
+    flow_run_name=job_run_name,
+    task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),
+)
 def tune_spec(
     spec: JobSpec, job_id: str | None = None, warm_start: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
@@ -87,7 +95,11 @@ def name_run(job_id: str) -> None:
             client.update_flow_run(UUID(flow_run.id), name=job_id)
 
 
-@flow(name="resume", flow_run_name="{job_id}", task_runner=ThreadPoolTaskRunner(max_workers=64))
+@flow(
+    name="resume",
+    flow_run_name="{job_id}",
+    task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),
+)
 def resume(job_id: str, storage: str = "sqlite:///.elastune/optuna.db") -> dict[str, Any]:
     """Continue a job whose driver died, losing nothing finished; a job that finished is
     left as it is and its stored summary returned, marked ``already_finished``."""

@@ -51,7 +51,7 @@ from infra.warm_nodes import (
     unfinished_runs,
 )
 from planners.search.schedulers.base import Segment
-from planners.spec import EcsSpec
+from planners.spec import MAX_WORKERS, EcsSpec
 from planners.staging.placement import best_fit
 from tasks.tracking import Tracker
 from tasks.train import JobRef, SegmentReport, report_name
@@ -62,9 +62,6 @@ POLL_SECONDS = 0.5
 WAIT_SECONDS = 2.0
 # A segment whose node died is launched again on a live one at most this many times.
 RELAUNCHES = 2
-# Most segments one driver has in flight on a warm pool at once: as many as the tune
-# flow's task runner runs in other modes (flows/tune.py).
-MAX_IN_FLIGHT = 64
 
 
 class Placement(NamedTuple):
@@ -157,7 +154,7 @@ class WarmPool:
         # A thread per segment in flight (threads start as needed): the default, a few per
         # core, would queue launches on a big pool.
         default_factory=lambda: ThreadPoolExecutor(
-            max_workers=MAX_IN_FLIGHT, thread_name_prefix="warm-launch"
+            max_workers=MAX_WORKERS, thread_name_prefix="warm-launch"
         )
     )
 

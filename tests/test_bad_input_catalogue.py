@@ -88,6 +88,8 @@ JOBS = [
         edit("compute", {"ecs": {"cluster": "gpu", "aws_secret_access_key": "x"}}),
         "compute.ecs.aws_secret_access_key",
     ),
+    # More than one driver keeps in flight (they waited for a thread, unseen).
+    ("more workers than a driver runs", edit("compute", {"workers": 513}), "compute.workers"),
     # A ladder up to .inf never ended (validation looped for ever).
     ("infinite max_resource", edit("scheduler.max_resource", math.inf), "scheduler.max_resource"),
     ("NaN deadline", edit("budget", {"deadline": math.nan}), "budget.deadline"),

@@ -21,10 +21,11 @@ Example:
 """
 
 from planners.spec.load import apply_override, load_job, parse_job
-from planners.spec.model import EcsSpec, JobSpec, SpecError
+from planners.spec.model import MAX_WORKERS, EcsSpec, JobSpec, SpecError
 from planners.spec.space import contains, distributions, make_sampler
 
 __all__ = [
+    "MAX_WORKERS",
     "EcsSpec",
     "JobSpec",
     "SpecError",

@@ -327,11 +327,14 @@ class EcsSpec(StrictModel):
 
 
 POOL_NAME_BANNED = "/%&><"  # characters Prefect refuses in a work pool's name
+# The most segments one driver keeps in flight: a thread of its task runner each
+# (flows/tune.py, flows/warm_pool.py). More workers would wait for a thread, unseen.
+MAX_WORKERS = 512
 
 
 class ComputeSpec(StrictModel):
     pool: str = "local"
-    workers: int = Field(default=2, ge=1)
+    workers: int = Field(default=2, ge=1, le=MAX_WORKERS)
     # Catalog types, or ``[local]``: this machine (planners/cost/local.py), also what a job
     # on the local pool without instance types is planned on.
     instance_types: list[str] = Field(default_factory=list)
