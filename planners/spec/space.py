@@ -86,7 +86,7 @@ def grid(spec: JobSpec) -> dict[str, list[Any]]:
 
 def check_sampler(spec: JobSpec) -> None:
     """Reject sampler options the named Optuna sampler does not take, or whose values it
-    refuses: the sampler is built once here (microseconds), before any store exists."""
+    refuses: the sampler is built once here (milliseconds), before any store exists."""
     cls = _SAMPLERS[spec.sampler.name]
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "seed", "search_space"}
     for option in spec.sampler.options:
