@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -58,24 +58,19 @@ def wait_for(condition: Callable[[], object], seconds: float) -> bool:
     return False
 
 
-@pytest.mark.parametrize(
-    ("how", "to_group", "seconds"),
-    [
-        # The driver alone: it cannot stop anything itself.
-        pytest.param(signal.SIGKILL, False, 15, id="sigkill-driver"),
-        # Its process group, as `timeout` and service managers do.
-        pytest.param(signal.SIGTERM, True, 30, id="sigterm-group"),
-    ],
-)
-def test_a_killed_run_leaves_no_prefect_server(
-    tmp_path: Path, how: signal.Signals, to_group: bool, seconds: float
-) -> None:
+@contextlib.contextmanager
+def training_run(
+    tmp_path: Path, trainable: str, scheduler: dict, stderr: int
+) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """``elastune run`` of ``tests.trainables:<trainable>`` in a process group of its own,
+    on a Prefect home of its own: yielded once it trains, with its ephemeral server's pids;
+    the group is killed after, whatever happened."""
     job = {
-        "name": "orphan",
-        "trainable": "tests.trainables:logged_quadratic",
+        "name": trainable,
+        "trainable": f"tests.trainables:{trainable}",
         "metric": "val_accuracy",
         "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-        "scheduler": {"max_trials": None, "max_resource": 9},
+        "scheduler": scheduler,
         "tracking": {
             "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
             "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
@@ -91,13 +86,35 @@ def test_a_killed_run_leaves_no_prefect_server(
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
+        text=True,
         start_new_session=True,  # so that the test can clean up whatever happens
     )
     try:
         assert wait_for(lambda: log.exists() and log.read_text().strip(), 180), "never trained"
         servers = [pid for pid in children(driver.pid) if is_server(pid)]
         assert servers, "the run started no ephemeral server"
+        yield driver, servers
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("how", "to_group", "seconds"),
+    [
+        # The driver alone: it cannot stop anything itself.
+        pytest.param(signal.SIGKILL, False, 15, id="sigkill-driver"),
+        # Its process group, as `timeout` and service managers do.
+        pytest.param(signal.SIGTERM, True, 30, id="sigterm-group"),
+    ],
+)
+def test_a_killed_run_leaves_no_prefect_server(
+    tmp_path: Path, how: signal.Signals, to_group: bool, seconds: float
+) -> None:
+    endless = {"max_trials": None, "max_resource": 9}
+    with training_run(tmp_path, "logged_quadratic", endless, subprocess.DEVNULL) as run:
+        driver, servers = run
         if to_group:
             os.killpg(driver.pid, how)
         else:
@@ -105,50 +122,17 @@ def test_a_killed_run_leaves_no_prefect_server(
         # A driver whose server went first would retry the API for minutes before it ended.
         driver.wait(seconds)
         assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(driver.pid, signal.SIGKILL)
 
 
 def test_a_thread_the_trainable_left_running_does_not_hold_up_the_exit(tmp_path: Path) -> None:
     """Python joins every non-daemon thread before its exit handlers, which stop the
     command's server: the command goes without such a thread, and stops its server."""
-    job = {
-        "name": "stray",
-        "trainable": "tests.trainables:leaves_a_thread",
-        "metric": "val_accuracy",
-        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-        "scheduler": {"name": "sha", "eta": 3, "max_resource": 3, "max_trials": 3},
-        "tracking": {
-            "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
-            "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
-        },
-    }
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    log = tmp_path / "epochs.log"
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PYTHONPATH=str(ROOT), ELASTUNE_TEST_LOG=str(log), PREFECT_HOME=str(tmp_path))
-    new_database(tmp_path / "prefect.db")
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "job.yaml")],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert wait_for(lambda: log.exists() and log.read_text().strip(), 180), "never trained"
-        servers = [pid for pid in children(driver.pid) if is_server(pid)]
-        assert servers, "the run started no ephemeral server"
+    short = {"name": "sha", "eta": 3, "max_resource": 3, "max_trials": 3}
+    with training_run(tmp_path, "leaves_a_thread", short, subprocess.PIPE) as (driver, servers):
         _, err = driver.communicate(timeout=180)
         assert driver.returncode == 0, err
         assert "exiting without threads still running: left-by-a-trial" in err
         assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(driver.pid, signal.SIGKILL)
 
 
 # A process that runs a flow on the early server, then looks at what Prefect was left with.

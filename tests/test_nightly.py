@@ -45,9 +45,10 @@ def test_prefect_yaml_deploys_three_deployments_with_the_nightly_schedule(prefec
     assert nightly.parameters["job_files"] == ["examples/digits.yaml"]
 
 
-def test_nightly_warm_starts_from_last_night_and_registers_only_improvements(tmp_path) -> None:
-    job = {
-        "name": "nightly-tiny",
+def tiny_job(tmp_path: Path, name: str) -> dict:
+    """A job of a few seconds, its stores in ``tmp_path``."""
+    return {
+        "name": name,
         "trainable": "tests.trainables:quadratic",
         "metric": "val_accuracy",
         "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
@@ -58,6 +59,10 @@ def test_nightly_warm_starts_from_last_night_and_registers_only_improvements(tmp
             "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
         },
     }
+
+
+def test_nightly_warm_starts_from_last_night_and_registers_only_improvements(tmp_path) -> None:
+    job = tiny_job(tmp_path, "nightly-tiny")
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
 
@@ -80,21 +85,7 @@ def test_a_bad_job_file_is_reported_and_the_others_still_run(tmp_path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"name": "nightly-bad", "trainable": "x:y", "metric": "m"}))
     good = tmp_path / "good.yaml"
-    good.write_text(
-        yaml.safe_dump(
-            {
-                "name": "nightly-good",
-                "trainable": "tests.trainables:quadratic",
-                "metric": "val_accuracy",
-                "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-                "scheduler": {"name": "sha", "eta": 3, "min_resource": 1, "max_resource": 3},
-                "tracking": {
-                    "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
-                    "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
-                },
-            }
-        )
-    )
+    good.write_text(yaml.safe_dump(tiny_job(tmp_path, "nightly-good")))
     with pytest.raises(RuntimeError, match=r"1 nightly job\(s\) failed: .*bad\.yaml"):
         tune_nightly([str(bad), str(good)])
     board = Artifact.get("tune-nightly")

@@ -260,7 +260,7 @@ class BloomSpec(_Ladder):
     max_trials: int | None = Field(default=81, ge=1)
     promotions: int = Field(default=2, ge=0)
     brackets: int = Field(default=1, ge=1)
-    slope_weight: float = Field(default=0.25, ge=0, allow_inf_nan=False)
+    slope_weight: float = Field(default=0.25, ge=0)
     revive: bool = True
 
     @field_validator("brackets")
