@@ -11,6 +11,11 @@ Example:
     mode: not planned, not packed, workers = segments
 """
 
-from planners.execution.compile import ExecutionMode, ExecutionPlan, execution_plan
+from planners.execution.compile import (
+    ExecutionMode,
+    ExecutionPlan,
+    execution_plan,
+    replanned_in_flight,
+)
 
-__all__ = ["ExecutionMode", "ExecutionPlan", "execution_plan"]
+__all__ = ["ExecutionMode", "ExecutionPlan", "execution_plan", "replanned_in_flight"]

@@ -127,7 +127,8 @@ def execution_plan(
         report = None  # an unplanned job has no forecast
     else:
         if report is None:
-            report = plan_job(spec, catalog=catalog, devices=devices)
+            replanned = replanned_in_flight(spec, distributed=distributed, devices=devices)
+            report = plan_job(spec, catalog=catalog, devices=devices, replanned=replanned)
             report.check()
         catalog = report.catalog  # the types the plan names (``local``: this machine)
         plan = allocate(plan, report.allocations)
@@ -143,6 +144,17 @@ def execution_plan(
         admission = WorkerCap(spec.compute.workers)
     mode = ExecutionMode(limits, packer is not None, _workers(spec, limits, packer))
     return ExecutionPlan(plan, admission, mode, report)
+
+
+def replanned_in_flight(spec: JobSpec, *, distributed: bool, devices: int | None = None) -> bool:
+    """Whether the job is re-planned while it runs (flows/replan.py): the cost planner
+    sizes its stages and the stage packer does not set their widths."""
+    if not is_staged(spec) or _limits(spec) is None:
+        return False
+    if spec.compute.packing == "off":
+        return True
+    plan = compile_plan(spec)
+    return stage_packer(spec, plan, distributed=distributed, devices=devices) is None
 
 
 def _limits(spec: JobSpec) -> str | None:
