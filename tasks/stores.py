@@ -90,16 +90,28 @@ def check_folder(uri: str, field: str) -> None:
 
 def check_sqlite_file(uri: str, field: str) -> None:
     """Bad input when a SQLite URI names a file that is there but is not a database (or a
-    folder): the store would fail inside the job, after the other store was written."""
+    folder): the store would fail inside the job, after the other store was written; or
+    is another program's database, which the store would write its schema into."""
     path = sqlite_path(uri)
     if path is None or not path.exists():
         return
     if path.is_dir():
         raise SpecError(f"{field}: {path} is a folder, not a SQLite database")
     try:
-        sqlite_tables(path)
+        tables = sqlite_tables(path)
     except sqlite3.DatabaseError as exc:
         raise SpecError(f"{field}: {path} is not a SQLite database ({exc})") from None
+    if tables and not tables & STORE_TABLES:
+        shown = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
+        raise SpecError(
+            f"{field}: {path} is another program's database (tables {shown}; no MLflow or "
+            "Optuna tables)"
+        )
+
+
+# A table each store's schema has: a database with either is a store's (the two stores
+# may share a file); one with tables but neither would get a store's schema written in.
+STORE_TABLES = {"experiments", "studies"}
 
 
 def sqlite_tables(path: Path) -> set[str] | None:

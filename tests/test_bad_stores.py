@@ -4,6 +4,7 @@ schema written into a file that is there."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import shutil
 import sqlite3
@@ -14,7 +15,7 @@ import yaml
 
 from flows.cli import main
 from planners.spec import SpecError
-from tasks.stores import sqlite_tables
+from tasks.stores import check_sqlite_file, sqlite_tables
 from tests.test_bad_input import GOOD
 
 
@@ -75,10 +76,13 @@ def test_resume_in_a_database_without_optuna_writes_nothing(folder, capsys) -> N
     with sqlite3.connect(folder / "other.db") as other:
         other.execute("CREATE TABLE notes (text TEXT)")
     other.close()
-    for name in ("empty.db", "other.db"):
+    for name, field, said in [
+        ("empty.db", "job id", "no job 'nosuchjob'"),
+        ("other.db", "--storage", "other.db is another program's database (tables notes;"),
+    ]:
         args = ["resume", "nosuchjob", "--storage", f"sqlite:///{folder}/{name}"]
-        err = assert_rejected(capsys, args, "job id", folder)
-        assert "no job 'nosuchjob'" in err
+        err = assert_rejected(capsys, args, field, folder)
+        assert said in err
     assert (folder / "empty.db").stat().st_size == 0
 
 
@@ -163,3 +167,22 @@ def test_a_journal_left_to_roll_back_is_no_bad_input(tmp_path) -> None:
     assert sqlite_tables(killed / "optuna.db") is None  # read-only, SQLite cannot tell
     with pytest.raises(SpecError, match="not made by elastune"):  # found study 'x'
         stored_job("x", f"sqlite:///{killed}/optuna.db", "--storage")
+
+
+@pytest.mark.parametrize("key", ["optuna_storage", "mlflow_uri"])
+def test_run_with_another_programs_database_for_a_store(key, folder, capsys) -> None:
+    with contextlib.closing(sqlite3.connect(folder / "notes.db")) as other:
+        other.execute("CREATE TABLE notes (text)")
+        other.commit()
+    uri = f"sqlite:///{folder}/notes.db"
+    err = assert_rejected(capsys, run_with(folder, key, uri), f"tracking.{key}", folder)
+    assert "notes.db is another program's database (tables notes;" in err
+
+
+@pytest.mark.parametrize("table", ["experiments", "studies"])
+def test_a_database_the_other_store_made_may_hold_this_one_too(table, tmp_path) -> None:
+    with contextlib.closing(sqlite3.connect(tmp_path / "shared.db")) as shared:
+        shared.execute(f"CREATE TABLE {table} (id)")
+        shared.commit()
+    for field in ("tracking.optuna_storage", "tracking.mlflow_uri"):
+        check_sqlite_file(f"sqlite:///{tmp_path}/shared.db", field)
