@@ -7,12 +7,11 @@ played in ``--worlds`` worlds: one draw of the truth's stragglers and startup de
 (the simulator with one sample and the world's seed), the same draws for the three runs:
 
 - **static**: the plan made with the wrong profile, kept to the end;
-- **re-planned**: the start elastune runs, :func:`~planners.cost.recourse.recourse_start`'s
-  plan (its first stage chosen for the re-planning to come); after the first wave of a
-  stage that runs in waves and at each stage barrier, the segments measured so far update a
+- **re-planned**: the same start; after the first wave of a stage that runs in waves and
+  at each stage barrier, the segments measured so far update a
   :class:`~planners.cost.replan.ProfileEstimate` and a
   :class:`~planners.cost.replan.Replanner` keeps or changes the remaining work;
-- **informed**: the re-planned run's start and moments, each decision made with the true
+- **informed**: the same start and the same moments, each decision made with the true
   profile: what a perfect estimate would buy, a bound on what better estimation can do
   at these moments (a diagnostic);
 - **oracle**: the plan made with the true profile, kept to the end.
@@ -24,8 +23,9 @@ re-planning and without, and the re-planned run's mean cost over the oracle's (g
 >= 95% hit, within 10%). Run: ``python benchmarks/replan.py`` (``--quick``: fewer worlds);
 writes ``benchmarks/results/replan.json``. ``--quantile 0.9``: the re-planner decides at p90
 (the static and oracle plans stay at p95), trading hit rate for cost. ``--first-stage
-plan``: the re-planned and informed runs start from the static plan instead (writes
-``replan_plan.json``).
+recourse``: the re-planned and informed runs start from
+:func:`~planners.cost.recourse.recourse_start`'s plan, whose first stage is chosen knowing
+it will be re-planned after its first wave (writes ``replan_recourse.json``).
 """
 
 from __future__ import annotations
@@ -243,10 +243,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--first-stage",
-        choices=("recourse", "plan"),
-        default="recourse",
-        help="what the re-planned runs start from: recourse_start's plan (what elastune "
-        "runs), or the static plan (writes replan_plan.json)",
+        choices=("plan", "recourse"),
+        default="plan",
+        help="what the re-planned runs start from: the static plan, or recourse_start's "
+        "(writes replan_recourse.json)",
     )
     args = parser.parse_args()
     worlds = 4 if args.quick else args.worlds
@@ -292,8 +292,8 @@ def main() -> None:
     for key, met in targets.items():
         print(f"{'MET   ' if met else 'MISSED'} {key}")
     name = "replan.json" if args.quantile == 0.95 else f"replan_q{args.quantile:g}.json"
-    if args.first_stage == "plan":
-        name = name.replace("replan", "replan_plan")
+    if args.first_stage == "recourse":
+        name = name.replace("replan", "replan_recourse")
     out = Path(__file__).parent / "results" / name
     payload = {
         "benchmark": "re-planning in flight (issue 12)",

@@ -172,11 +172,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from flows.compiled import local_devices
 
     # A job on this machine is planned on its slots: its CUDA devices, else compute.workers.
-    devices = local_devices(spec)
-    replanned = args.planner == "rubberband" and _replanned(spec, devices)
-    report = plan_job(
-        spec, planner=args.planner, catalog=catalog, devices=devices, replanned=replanned
-    )
+    report = plan_job(spec, planner=args.planner, catalog=catalog, devices=local_devices(spec))
     if args.gantt:
         from planners.cost.gantt import draw_gantt
 
@@ -188,19 +184,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _run_mode(spec, catalog, report if args.planner == "rubberband" else None), file=sys.stderr
     )
     return 0
-
-
-def _replanned(spec: JobSpec, devices: int | None) -> bool:
-    """Whether ``run`` re-plans the job in flight, so plans its start for that; a trainable
-    that cannot be loaded here is taken as not (the mode line says so)."""
-    from planners.execution import replanned_in_flight
-    from tasks.trainable import TrainableError, load_trainable, supports_distributed
-
-    try:
-        distributed = supports_distributed(load_trainable(spec.trainable))
-    except TrainableError:
-        return False
-    return replanned_in_flight(spec, distributed=distributed, devices=devices)
 
 
 def _run_mode(spec: JobSpec, catalog: Catalog | None, report: PlanReport | None) -> str:

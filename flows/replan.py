@@ -13,8 +13,7 @@ and a deadline out of reach sets the parent run's MLflow tag ``elastune.deadline
 
 Only jobs RubberBand sized are re-planned (a profile, a deadline or a budget, a staged
 scheduler; SEER chooses the trials themselves), and not packed ones, whose stage packer
-sets the widths itself (``planners.execution.replanned_in_flight``); their plan starts on
-a first stage chosen for the re-planning (``plan_job(replanned=True)``).
+sets the widths itself.
 """
 
 from __future__ import annotations

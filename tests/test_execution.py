@@ -13,7 +13,7 @@ import yaml
 from flows.cli import main
 from flows.pools import PoolSizer
 from infra.sizing import CapacityError, Demand, PoolBackend, Sizer, SizingRecord
-from planners.execution import execution_plan, replanned_in_flight
+from planners.execution import execution_plan
 from planners.search.schedulers.base import Segment
 from planners.spec import SpecError, parse_job
 from planners.staging.admission import StageSlots, WorkerCap
@@ -222,43 +222,18 @@ def test_plan_of_a_trainable_not_here_says_so(tmp_path, capsys) -> None:
     assert last.startswith("mode: unknown here (trainable: cannot import nowhere")
 
 
-# --- which jobs are re-planned in flight, so planned for it ------------------------------
-
-
-@pytest.mark.parametrize(
-    ("sections", "distributed", "replanned"),
-    [
-        ({}, True, False),  # not planned: no deadline or budget
-        ({"budget": {"deadline": "2h"}}, True, False),  # packed: the packer sets the widths
-        ({"budget": {"deadline": "2h"}}, False, True),  # not data-parallel: nothing to pack
-        ({"budget": {"deadline": "2h"}, "compute": compute(packing="off")}, True, True),
-        ({"budget": {"deadline": "2h"}, "scheduler": ASHA}, False, False),  # no stages
-    ],
-)
-def test_a_job_is_replanned_where_the_cost_planner_sizes_it_and_nothing_packs_it(
-    sections: dict, distributed: bool, replanned: bool
-) -> None:
-    spec = parse_job(job(**sections))
-    assert replanned_in_flight(spec, distributed=distributed) is replanned
-    execution = execution_plan(spec, distributed=distributed)
-    assert (execution.mode.limits is not None and not execution.mode.packed) is replanned
-
-
-def test_plan_starts_a_replanned_job_as_run_does(tmp_path, capsys) -> None:
-    # A cloud job whose deadline RubberBand meets on 4-GPU nodes: re-planned in flight, its
-    # first stage is chosen for that, in `elastune plan` as in the execution plan.
-    sections = {
-        "budget": {"deadline": "20m"},
-        "compute": compute(packing="off", instance_types=["g5.xlarge", "g5.12xlarge"]),
-        "scheduler": {"name": "sha", "eta": 3, "min_resource": 1, "max_resource": 9},
-        "profile": {"seconds_per_unit": {1: 60}, "speedup": {2: 1.8, 4: 3.2}},
-    }
-    assert main(["plan", write(tmp_path, job(**sections)), "--json"]) == 0
-    shown = json.loads(capsys.readouterr().out)
-    execution = execution_plan(parse_job(job(**sections)), distributed=True)
-    assert execution.report is not None
-    assert shown["first_stage"] == execution.report.to_dict()["first_stage"]
-    assert shown["stages"] == execution.report.to_dict()["stages"]
+def test_a_cost_plan_wider_than_one_driver_keeps_in_flight_is_bad_input() -> None:
+    # 600 trials of ten minutes in 47 minutes: all at once, more than MAX_WORKERS threads.
+    spec = parse_job(
+        job(
+            scheduler={"name": "sha", "eta": 3, "max_resource": 3, "max_trials": 600},
+            budget={"deadline": "47m"},
+            compute=compute(instance_types=["g5.xlarge"]),
+            profile={"seconds_per_unit": {1: 600}, "segment_cv": 0.1},
+        )
+    )
+    with pytest.raises(SpecError, match=r"^compute\.max_gpus: the cost plan runs 600 segments"):
+        execution_plan(spec, distributed=False)
 
 
 # --- the pool checked for every stage before the first is sized ----------------------------

@@ -16,12 +16,13 @@ slow), among those that leave the deadline within reach at every error where Rub
 own first stage does, and whose plan meets the deadline under the profile itself (the
 plan shown is still one that meets it).
 
-Measured on the re-planning benchmark's job (``python benchmarks/replan.py``;
-docs/benchmarks.md): 96.2% of the deadlines at 1.17x the cost of the plan that knew the
-true profile (1.09x with the true profile at each decision), against 97.3% at 1.25x from
-RubberBand's plan. ``elastune plan`` and ``run`` start a job re-planned in flight from it
-(:func:`planners.cost.job.plan_job`, ``replanned``). One chain (SHA): a Hyperband job's
-brackets start side by side.
+Measured on the re-planning benchmark's job (``python benchmarks/replan.py --first-stage
+recourse``; docs/benchmarks.md): 96.2% of the deadlines at 1.17x the cost of the plan that
+knew the true profile (1.09x with the true profile at each decision), against 97.3% at
+1.25x from RubberBand's plan. ``elastune plan`` does not use it: it plans the rest of the
+job for every option under every error, 3-20 s for that job (27 trials, 100 samples) and
+about 90 s for one of 81 trials on two types, against well under a second for RubberBand's
+plan. One chain (SHA): a Hyperband job's brackets start side by side.
 
 Example (RubberBand's plan runs the first stage on one 4-GPU node, two trials at a time
 on two GPUs each; the recourse start runs five at a time on single-GPU nodes, the

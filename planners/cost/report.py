@@ -278,16 +278,6 @@ class PlanReport:
             if self.feasible
             else "INFEASIBLE: " + "; ".join(p.message for p in self.problems),
         ]
-        first = self.details.get("first_stage")
-        if first is not None:
-            own = first["rubberband"]
-            width = own["gpus_per_trial"]
-            devices = self.devices[:-1] if width == "1" else self.devices
-            lines.append(
-                f"first stage: chosen for {first['chosen_for']}; RubberBand's plan starts on "
-                f"{own['instance_type']} × {own['instances']} ({width} {devices} per trial), "
-                f"mean cost ${own['plan_cost_mean_usd']:,.2f} if the profile is right"
-            )
         spot = sum(row.allocation.market == "spot" for row in self.rows)
         if spot:
             lines.append(

@@ -11,11 +11,6 @@ Example:
     mode: not planned, not packed, workers = segments
 """
 
-from planners.execution.compile import (
-    ExecutionMode,
-    ExecutionPlan,
-    execution_plan,
-    replanned_in_flight,
-)
+from planners.execution.compile import ExecutionMode, ExecutionPlan, execution_plan
 
-__all__ = ["ExecutionMode", "ExecutionPlan", "execution_plan", "replanned_in_flight"]
+__all__ = ["ExecutionMode", "ExecutionPlan", "execution_plan"]

@@ -33,7 +33,7 @@ from typing import Any
 from planners.cost import Catalog, PlanReport, plan_job
 from planners.cost.report import format_duration
 from planners.search.schedulers.base import Segment
-from planners.spec import JobSpec, SpecError
+from planners.spec import MAX_WORKERS, JobSpec, SpecError
 from planners.staging.admission import Admission, StageSlots, WorkerCap
 from planners.staging.plan import Plan, Stage, allocate, compile_plan, is_staged
 from planners.staging.profile import Profile
@@ -127,11 +127,11 @@ def execution_plan(
         report = None  # an unplanned job has no forecast
     else:
         if report is None:
-            replanned = replanned_in_flight(spec, distributed=distributed, devices=devices)
-            report = plan_job(spec, catalog=catalog, devices=devices, replanned=replanned)
+            report = plan_job(spec, catalog=catalog, devices=devices)
             report.check()
         catalog = report.catalog  # the types the plan names (``local``: this machine)
         plan = allocate(plan, report.allocations)
+        _check_in_flight(plan)
     if plan is not None:
         check_widths(spec, plan, distributed=distributed, devices=devices)
     packer = _packer(spec, plan, distributed, devices, catalog)
@@ -146,15 +146,16 @@ def execution_plan(
     return ExecutionPlan(plan, admission, mode, report)
 
 
-def replanned_in_flight(spec: JobSpec, *, distributed: bool, devices: int | None = None) -> bool:
-    """Whether the job is re-planned while it runs (flows/replan.py): the cost planner
-    sizes its stages and the stage packer does not set their widths."""
-    if not is_staged(spec) or _limits(spec) is None:
-        return False
-    if spec.compute.packing == "off":
-        return True
-    plan = compile_plan(spec)
-    return stage_packer(spec, plan, distributed=distributed, devices=devices) is None
+def _check_in_flight(plan: Plan) -> None:
+    """Bad input when a stage of the cost plan runs more segments at once than one driver
+    keeps in flight: the rest would wait for its threads, unseen by the plan."""
+    widest = max(plan.stages, key=lambda s: s.slots or 0)
+    if (widest.slots or 0) > MAX_WORKERS:
+        raise SpecError(
+            f"compute.max_gpus: the cost plan runs {widest.slots} segments of stage "
+            f"b{widest.bracket}-r{widest.rung} at once, more than the {MAX_WORKERS} a job "
+            f"keeps in flight; set compute.max_gpus to {MAX_WORKERS} or less"
+        )
 
 
 def _limits(spec: JobSpec) -> str | None:
