@@ -88,6 +88,11 @@ def check_folder(uri: str, field: str) -> None:
         raise SpecError(f"{field}: folder {path.parent} does not exist")
 
 
+# A table each store's schema has: a database with either is a store's (the two stores
+# may share a file); one with tables but neither would get a store's schema written in.
+STORE_TABLES = {"experiments", "studies"}
+
+
 def check_sqlite_file(uri: str, field: str) -> None:
     """Bad input when a SQLite URI names a file that is there but is not a database (or a
     folder): the store would fail inside the job, after the other store was written; or
@@ -107,11 +112,6 @@ def check_sqlite_file(uri: str, field: str) -> None:
             f"{field}: {path} is another program's database (tables {shown}; no MLflow or "
             "Optuna tables)"
         )
-
-
-# A table each store's schema has: a database with either is a store's (the two stores
-# may share a file); one with tables but neither would get a store's schema written in.
-STORE_TABLES = {"experiments", "studies"}
 
 
 def sqlite_tables(path: Path) -> set[str] | None:

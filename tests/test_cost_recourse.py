@@ -10,7 +10,7 @@ from planners.cost.allocation import StagePlan
 from planners.cost.billing import BillingRule
 from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.local import LOCAL, LocalType
-from planners.cost.recourse import _after, _scaled, recourse_start
+from planners.cost.recourse import _after, _scaled, profile_errors, recourse_start
 from planners.cost.replan import Replanner, first_wave, left_to_run, part
 from planners.staging import Profile, Stage
 
@@ -75,7 +75,7 @@ def test_a_loose_deadline_starts_on_fewer_nodes_than_rubberband() -> None:
 
 def test_no_deadline_rubberbands_start_keeps_within_reach_is_given_up() -> None:
     planner = replanner(deadline=1700)
-    errors = [0.5, 0.69, 0.84, 1.0, 1.19, 1.45, 2.0]  # the seven of prior_error 0.5
+    errors = profile_errors(7, 0.5)  # the seven recourse_start weighs by default
 
     def within_reach(first: StagePlan) -> list[bool]:
         wave = part(first, 0, first_wave(first, planner.catalog))

@@ -82,8 +82,7 @@ def recourse_start(
     error = ProfileEstimate(profile).prior_error if prior_error is None else prior_error
     if not error > 0:
         raise ValueError(f"prior_error must be > 0, got {error}")
-    sigma = math.sqrt(math.log(1 + error**2))
-    errors = [math.exp(sigma * NormalDist().inv_cdf((i + 0.5) / points)) for i in range(points)]
+    errors = profile_errors(points, error)
     first, rest = chains[0][0], chains[0][1:]
     rubberband = replanner.rubberband(profile, replanner.deadline)
     # RubberBand's own first stage first: it stays where no option is cheaper (free nodes).
@@ -115,6 +114,13 @@ def recourse_start(
     if plans[0].stages[0] == own:
         ratio[~(kept >= kept[0]).all(axis=1)] = np.inf
     return plans[int(np.argmin(ratio))]  # ties: RubberBand's own, first
+
+
+def profile_errors(points: int, prior_error: float) -> list[float]:
+    """``points`` equally likely factors by which the profile's speed may be off: the
+    quantiles of a lognormal whose relative sd is ``prior_error``."""
+    sigma = math.sqrt(math.log(1 + prior_error**2))
+    return [math.exp(sigma * NormalDist().inv_cdf((i + 0.5) / points)) for i in range(points)]
 
 
 class _Rest(NamedTuple):
