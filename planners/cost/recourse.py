@@ -20,9 +20,10 @@ Measured on the re-planning benchmark's job (``python benchmarks/replan.py --fir
 recourse``; docs/benchmarks.md): 96.2% of the deadlines at 1.17x the cost of the plan that
 knew the true profile (1.09x with the true profile at each decision), against 97.3% at
 1.25x from RubberBand's plan. ``elastune plan`` does not use it: it plans the rest of the
-job for every option under every error, 3-20 s for that job (27 trials, 100 samples) and
-about 90 s for one of 81 trials on two types, against well under a second for RubberBand's
-plan. One chain (SHA): a Hyperband job's brackets start side by side.
+job for every option under every error, 2-10 s for that job (27 trials, 100 samples) and
+66 s for one of 81 trials on two types (200 samples), against 0.04-0.25 s for RubberBand's
+plan, on a machine running about 1.5x slower than usual. One chain (SHA): a Hyperband
+job's brackets start side by side.
 
 Example (RubberBand's plan runs the first stage on one 4-GPU node, two trials at a time
 on two GPUs each; the recourse start runs five at a time on single-GPU nodes, the
