@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import optuna
 
 from planners.spec import JobSpec, SpecError, parse_job
-from tasks.stores import check_storage, local_uri, sqlite_path, sqlite_tables
+from tasks.stores import OPTUNA_TABLE, check_storage, local_uri, sqlite_path, sqlite_tables
 from tasks.study_storage import driver_storage
 
 # Where a job keeps what resume needs: the spec and parent run on the study, each trial's
@@ -62,5 +62,5 @@ def check_optuna_file(job_id: str, storage: str) -> None:
     if not database.exists():
         raise SpecError(f"job id: no job {job_id!r} in {storage} (no such database)")
     tables = sqlite_tables(database)
-    if tables is not None and "studies" not in tables:
+    if tables is not None and OPTUNA_TABLE not in tables:
         raise SpecError(f"job id: no job {job_id!r} in {storage} (no Optuna study there)")

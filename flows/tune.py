@@ -36,6 +36,9 @@ from flows.stored import stored_job
 from infra.sizing import InfraError
 from planners.spec import MAX_WORKERS, JobSpec, SpecError, load_job
 
+# The driver's segments in flight, a thread each; Prefect runs a copy per flow run.
+DRIVER_RUNNER = ThreadPoolTaskRunner(max_workers=MAX_WORKERS)
+
 
 def job_run_name() -> str:
     """A tune flow run's name: the job id when its caller made it (the CLI does); else the
@@ -43,11 +46,7 @@ def job_run_name() -> str:
     return flow_run.parameters.get("job_id") or flow_run.name
 
 
-@flow(
-    name="tune",
-    flow_run_name=job_run_name,
-    task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),
-)
+@flow(name="tune", flow_run_name=job_run_name, task_runner=DRIVER_RUNNER)
 def tune(
     job_file: str,
     overrides: list[str] | None = None,
@@ -63,11 +62,7 @@ def tune(
     return outcome.value
 
 
-@flow(
-    name="tune",
-    flow_run_name=job_run_name,
-    task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),
-)
+@flow(name="tune", flow_run_name=job_run_name, task_runner=DRIVER_RUNNER)
 def tune_spec(
     spec: JobSpec, job_id: str | None = None, warm_start: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
@@ -95,11 +90,7 @@ def name_run(job_id: str) -> None:
             client.update_flow_run(UUID(flow_run.id), name=job_id)
 
 
-@flow(
-    name="resume",
-    flow_run_name="{job_id}",
-    task_runner=ThreadPoolTaskRunner(max_workers=MAX_WORKERS),
-)
+@flow(name="resume", flow_run_name="{job_id}", task_runner=DRIVER_RUNNER)
 def resume(job_id: str, storage: str = "sqlite:///.elastune/optuna.db") -> dict[str, Any]:
     """Continue a job whose driver died, losing nothing finished; a job that finished is
     left as it is and its stored summary returned, marked ``already_finished``."""

@@ -90,7 +90,7 @@ def check_folder(uri: str, field: str) -> None:
 
 # A table each store's schema has: a database with either is a store's (the two stores
 # may share a file); one with tables but neither would get a store's schema written in.
-STORE_TABLES = {"experiments", "studies"}
+MLFLOW_TABLE, OPTUNA_TABLE = "experiments", "studies"
 
 
 def check_sqlite_file(uri: str, field: str) -> None:
@@ -106,7 +106,7 @@ def check_sqlite_file(uri: str, field: str) -> None:
         tables = sqlite_tables(path)
     except sqlite3.DatabaseError as exc:
         raise SpecError(f"{field}: {path} is not a SQLite database ({exc})") from None
-    if tables and not tables & STORE_TABLES:
+    if tables and tables.isdisjoint({MLFLOW_TABLE, OPTUNA_TABLE}):
         shown = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
         raise SpecError(
             f"{field}: {path} is another program's database (tables {shown}; no MLflow or "
