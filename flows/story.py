@@ -147,8 +147,7 @@ class Story:
     def replanned(self, decision: ReplanDecision) -> None:
         """A re-planning decision of a planned job (flows/replan.py), with its reason."""
         if decision.deadline_at_risk:
-            self.log.warning("deadline at risk: going on at the fastest plan; %s",
-                             decision.describe())  # fmt: skip
+            self.log.warning("deadline at risk: %s", decision.describe())
         else:
             self.log.info("re-plan %s", decision.describe())
 

@@ -8,8 +8,15 @@ import dataclasses
 import pytest
 
 from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from planners.cost.catalog import parse_catalog
-from planners.cost.replan import ProfileEstimate, Reason, Replanner, left_to_run, part
+from planners.cost.catalog import parse_catalog, read_catalog
+from planners.cost.replan import (
+    ProfileEstimate,
+    Reason,
+    Replanner,
+    first_wave,
+    left_to_run,
+    part,
+)
 from planners.cost.simulate import PlanSimulator
 from planners.cost.spot_deadline import SpotDeadline, plan_spot
 from planners.staging import Profile, Stage
@@ -165,9 +172,33 @@ def test_a_deadline_out_of_reach_goes_on_at_the_fastest_plan_and_says_so() -> No
     decision = planner.decide(plan, finished, DEADLINE - 60.0, 5.0, scaled(2.0), held)
     assert decision.reason is Reason.DEADLINE_AT_RISK and decision.deadline_at_risk
     assert decision.plan.gpus_per_trial == (("4", "4"),)  # the fastest on this type
+    assert decision.meets_at is None and "misses it even at p50" in decision.describe()
     # Past the deadline: still a plan, not a crash.
     late = planner.decide(plan, finished, DEADLINE + 600.0, 5.0, scaled(2.0), held)
     assert late.deadline_at_risk and late.deadline_left_s == 1.0
+
+
+def test_a_deadline_at_risk_at_p95_goes_on_at_the_cheapest_plan_likeliest_to_meet_it() -> None:
+    # Six scattered segments read a speed that misses the deadline at p95 whatever the
+    # plan; a plan that meets it at p80 costs far less than the fastest.
+    types = ["g5.xlarge", "g5.12xlarge"]
+    job = [Stage(0, 0, 27, 0, 1), Stage(0, 1, 9, 1, 3), Stage(0, 2, 3, 3, 9), Stage(0, 3, 1, 9, 27)]
+    prior = Profile.from_scaling(240, speedup={2: 1.8, 4: 3.2}, segment_cv=0.1)
+    planner = Replanner(read_catalog(), types, job, deadline=3458.0, samples=100)
+    plan = planner.plan(prior).plan
+    first = plan.chains[0][0]
+    assert first.gpus_label == "1"
+    estimate = ProfileEstimate(prior)
+    for ratio in (1.5, 0.6, 1.3, 0.9, 0.7, 1.1):
+        estimate.observe(1, 1.0, 240 * ratio)
+    finished, held = {(0, 0): first_wave(first, read_catalog())}, {0: first}
+    decision = planner.decide(plan, finished, 400.0, 1.0, estimate.profile(), held)
+    assert decision.reason is Reason.DEADLINE_AT_RISK and decision.meets_at == 0.8
+    assert "meets it at p80" in decision.describe()
+    fastest = planner.rubberband(estimate.profile(), decision.deadline_left_s, held)
+    fastest_plan = fastest.plan(left_to_run(job, finished))
+    assert not fastest_plan.feasible
+    assert decision.chosen.cost_mean < 0.8 * fastest_plan.outcome.cost_mean
 
 
 def test_a_faster_run_moves_to_a_cheaper_plan() -> None:

@@ -17,9 +17,9 @@ own first stage does, and whose plan meets the deadline under the profile itself
 plan shown is still one that meets it).
 
 Measured on the re-planning benchmark's job (``python benchmarks/replan.py --first-stage
-recourse``; docs/benchmarks.md): 96.2% of the deadlines at 1.17x the cost of the plan that
-knew the true profile (1.09x with the true profile at each decision), against 97.3% at
-1.25x from RubberBand's plan. ``elastune plan`` does not use it: it plans the rest of the
+recourse``; docs/benchmarks.md): 95.0% of the deadlines at 1.14x the cost of the plan that
+knew the true profile (1.09x with the true profile at each decision), against 96.9% at
+1.23x from RubberBand's plan. ``elastune plan`` does not use it: it plans the rest of the
 job for every option under every error, 2-10 s for that job (27 trials, 100 samples) and
 66 s for one of 81 trials on two types (200 samples), against 0.04-0.25 s for RubberBand's
 plan, on a machine running about 1.5x slower than usual. One chain (SHA): a Hyperband

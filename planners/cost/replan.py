@@ -26,10 +26,12 @@ node were held: a one-stage move off held nodes pays a startup they do not, so t
 can stay on the held type while a pool of another type for several stages is cheaper.
 Then, in this order:
 
+- ``deadline_at_risk``: no plan meets the remaining deadline at the quantile: decide as
+  below at the highest of :data:`AT_RISK_QUANTILES` at which one does, else go on at the
+  fastest plan (RubberBand's infeasible answer); say so. Not the fastest at any price: a
+  few scattered segments can read a speed as late that is not;
 - ``late``: the kept plan misses the remaining deadline at the simulator's quantile, and
   the new plan meets it: switch;
-- ``deadline_at_risk``: no plan meets the remaining deadline any more: go on at the
-  fastest plan (RubberBand's infeasible answer) and say so;
 - ``over_budget``: the kept plan's cost at the quantile exceeds what is left of the
   budget and the new plan (which meets the deadline) costs less: switch;
 - ``cheaper``: the new plan meets both and its mean cost is below the kept plan's by more
@@ -59,8 +61,8 @@ Example (the profile said 720 s per unit; the first stage measured twice that):
     >>> held = {0: plan.chains[0][0]}  # the nodes of the stage just finished
     >>> finished = {(0, 0): 8}  # trials done per stage
     >>> decision = replanner.decide(plan, finished, 1600.0, 20.0, estimate.profile(), held)
-    >>> decision.reason, decision.plan.gpus_per_trial, decision.deadline_at_risk
-    (<Reason.LATE: 'late'>, (('4', '4'),), False)
+    >>> decision.reason, decision.plan.gpus_per_trial, decision.meets_at
+    (<Reason.LATE: 'late'>, (('4', '4'),), 0.95)
 """
 
 from __future__ import annotations
@@ -203,6 +205,11 @@ def _with_unit_error(
     return tuple(tuple(row) for row in rows)
 
 
+# The quantiles a plan may meet the deadline at when none meets it at the replanner's own,
+# highest first: the plan chosen then is the cheapest with the best chance at it.
+AT_RISK_QUANTILES = (0.9, 0.8, 0.7, 0.6, 0.5)
+
+
 class Reason(StrEnum):
     """Why a re-planning decision kept or changed the plan (module docstring)."""
 
@@ -226,7 +233,8 @@ class Forecast:
 class Decision:
     """What to run for the remaining stages, and why. ``plan`` holds only the work not
     finished, ``outcome`` is its simulation from now; ``kept`` and ``chosen`` forecast the
-    old and the chosen plan."""
+    old and the chosen plan; ``meets_at`` is the quantile at which the chosen plan meets
+    the deadline left (None: no deadline, or at risk and not even at the median)."""
 
     reason: Reason
     plan: AllocationPlan
@@ -236,6 +244,7 @@ class Decision:
     chosen: Forecast
     deadline_left_s: float | None
     budget_left_usd: float | None
+    meets_at: float | None
 
     @property
     def deadline_at_risk(self) -> bool:
@@ -248,6 +257,7 @@ class Decision:
             "changed": self.changed,
             "deadline_at_risk": self.deadline_at_risk,
             "deadline_left_s": self.deadline_left_s,
+            "meets_at": self.meets_at,
             "kept": dataclasses.asdict(self.kept),
             "chosen": dataclasses.asdict(self.chosen),
             "gpus_per_trial": [list(chain) for chain in self.plan.gpus_per_trial],
@@ -256,10 +266,16 @@ class Decision:
     def describe(self) -> str:
         """One line for a log: the reason and the two forecasts."""
         left = "" if self.deadline_left_s is None else f" of {self.deadline_left_s:.0f} s left"
+        if self.deadline_left_s is None:
+            meets = ""
+        elif self.meets_at is None:
+            meets = ", the fastest plan (misses it even at p50)"
+        else:
+            meets = f", meets it at p{self.meets_at * 100:g}"
         return (
             f"{self.reason.value}: kept plan p-JCT {self.kept.jct_s:.0f} s{left}, "
             f"${self.kept.cost_mean:.2f}; chosen {self.chosen.jct_s:.0f} s, "
-            f"${self.chosen.cost_mean:.2f}"
+            f"${self.chosen.cost_mean:.2f}{meets}"
         )
 
 
@@ -309,15 +325,17 @@ class Replanner:
         profile: Profile,
         deadline: float | None,
         holding: Mapping[int, StagePlan] | None = None,
+        quantile: float | None = None,
     ) -> RubberBand:
         """RubberBand over this job's types and quota, its plans priced under ``profile``
-        against ``deadline`` (None: none), each chain starting on the nodes in ``holding``."""
+        against ``deadline`` (None: none) at ``quantile`` (None: the replanner's), each
+        chain starting on the nodes in ``holding``."""
         simulator = PlanSimulator(
             self.catalog,
             profile,
             samples=self.samples,
             seed=self.seed,
-            quantile=self.quantile,
+            quantile=self.quantile if quantile is None else quantile,
             holding=holding,
         )
         return RubberBand(
@@ -354,29 +372,79 @@ class Replanner:
         budget_left = None if self.budget is None else self.budget - spent
         rubberband = self.rubberband(profile, deadline_left, holding)
         kept_outcome = rubberband.simulator.run(kept_plan)
-        kept = _forecast(rubberband, kept_plan, kept_outcome)
         starts = [kept_plan]
         if holding:  # the plan made as if nothing were held
             starts.append(self.rubberband(profile, deadline_left).plan(remaining).plan)
         fresh = rubberband.plan(remaining, also_from=starts)
-        chosen = _forecast(rubberband, fresh.plan, fresh.outcome)
-
-        def decision(reason: Reason, chosen_plan: AllocationPlan) -> Decision:
-            changed = chosen_plan != kept_plan
-            forecast, outcome = (chosen, fresh.outcome) if changed else (kept, kept_outcome)
-            return Decision(
-                reason, chosen_plan, outcome, changed, kept, forecast, deadline_left, budget_left
-            )
-
+        judge, meets_at = rubberband, None if deadline_left is None else self.quantile
         if not fresh.feasible:
-            return decision(Reason.DEADLINE_AT_RISK, fresh.plan)
+            meets_at = None
+            lower = self._likeliest(remaining, fresh, profile, deadline_left, holding, starts)
+            if lower is not None:
+                judge, fresh, meets_at = lower
+        reason, switch = self._choice(
+            judge, kept_plan, kept_outcome, fresh, deadline_left, budget_left
+        )
+        if judge is not rubberband:  # the choice was made at a lower quantile
+            reason = Reason.DEADLINE_AT_RISK
+        # Both forecasts at the replanner's quantile, whichever quantile chose.
+        kept = _forecast(rubberband, kept_plan, kept_outcome)
+        chosen_plan, outcome = (fresh.plan, fresh.outcome) if switch else (kept_plan, kept_outcome)
+        changed = chosen_plan != kept_plan
+        chosen = _forecast(rubberband, chosen_plan, outcome) if changed else kept
+        return Decision(
+            reason,
+            chosen_plan,
+            outcome,
+            changed,
+            kept,
+            chosen,
+            deadline_left,
+            budget_left,
+            meets_at,
+        )
+
+    def _choice(
+        self,
+        judge: RubberBand,
+        kept_plan: AllocationPlan,
+        kept_outcome: Outcome,
+        fresh: RubberBandResult,
+        deadline_left: float | None,
+        budget_left: float | None,
+    ) -> tuple[Reason, bool]:
+        """Why to keep ``kept_plan`` or switch to ``fresh`` (module docstring), both
+        judged at ``judge``'s quantile; True: switch."""
+        kept = _forecast(judge, kept_plan, kept_outcome)
+        chosen = _forecast(judge, fresh.plan, fresh.outcome)
+        if not fresh.feasible:
+            return Reason.DEADLINE_AT_RISK, True
         if deadline_left is not None and kept.jct_s > deadline_left:
-            return decision(Reason.LATE, fresh.plan)
+            return Reason.LATE, True
         if budget_left is not None and kept.cost_q > budget_left and chosen.cost_q < kept.cost_q:
-            return decision(Reason.OVER_BUDGET, fresh.plan)
+            return Reason.OVER_BUDGET, True
         if chosen.cost_mean < kept.cost_mean * (1 - self.margin):
-            return decision(Reason.CHEAPER, fresh.plan)
-        return decision(Reason.ON_TRACK, kept_plan)
+            return Reason.CHEAPER, True
+        return Reason.ON_TRACK, False
+
+    def _likeliest(
+        self,
+        remaining: list[Stage],
+        fastest: RubberBandResult,
+        profile: Profile,
+        deadline_left: float | None,
+        holding: Mapping[int, StagePlan] | None,
+        starts: Sequence[AllocationPlan],
+    ) -> tuple[RubberBand, RubberBandResult, float] | None:
+        """When no plan of ``remaining`` meets the deadline left at the quantile: RubberBand
+        at the highest of :data:`AT_RISK_QUANTILES` at which a plan meets it, that plan
+        and the quantile; None when none does, even at the lowest."""
+        for quantile in (q for q in AT_RISK_QUANTILES if q < self.quantile):
+            lower = self.rubberband(profile, deadline_left, holding, quantile)
+            result = lower.plan(remaining, also_from=[*starts, fastest.plan])
+            if result.feasible:
+                return lower, result, quantile
+        return None
 
 
 def left_to_run(stages: Sequence[Stage], finished: Mapping[tuple[int, int], int]) -> list[Stage]:
