@@ -71,6 +71,18 @@ def test_stragglers_at_ten_percent_per_segment() -> None:
     assert fastest.jct_q / 60 == pytest.approx(33.7, abs=0.25)
 
 
+def test_a_simulator_judging_at_another_quantile_reruns_nothing() -> None:
+    p95 = PlanSimulator(PER_SECOND, profile(segment_cv=0.1), samples=400, seed=1)
+    elastic = p95.run(plan((2, 4, 4)))
+    p50 = p95.judging(0.5)
+    median = p50.run(plan((2, 4, 4)))
+    assert median.chains[0][0] is elastic.chains[0][0]  # the run p95 made, not a new one
+    assert median.jct_q == pytest.approx(float(np.quantile(elastic.jct, 0.5)))
+    assert elastic.jct_q > median.jct_q and p95.quantile == 0.95
+    with pytest.raises(ValueError, match="quantile must lie in"):
+        p95.judging(1.0)
+
+
 def test_static_pool_costs_more_per_second_and_the_same_hourly() -> None:
     per_second = PlanSimulator(PER_SECOND, profile(), samples=3)
     static = static_pool(per_second, plan((2, 4, 4)), "p3.8xlarge", 4)

@@ -325,19 +325,20 @@ class Replanner:
         profile: Profile,
         deadline: float | None,
         holding: Mapping[int, StagePlan] | None = None,
-        quantile: float | None = None,
     ) -> RubberBand:
         """RubberBand over this job's types and quota, its plans priced under ``profile``
-        against ``deadline`` (None: none) at ``quantile`` (None: the replanner's), each
-        chain starting on the nodes in ``holding``."""
+        against ``deadline`` (None: none), each chain starting on the nodes in ``holding``."""
         simulator = PlanSimulator(
             self.catalog,
             profile,
             samples=self.samples,
             seed=self.seed,
-            quantile=self.quantile if quantile is None else quantile,
+            quantile=self.quantile,
             holding=holding,
         )
+        return self._rubberband(simulator, deadline)
+
+    def _rubberband(self, simulator: PlanSimulator, deadline: float | None) -> RubberBand:
         return RubberBand(
             simulator,
             self.instance_types,
@@ -379,7 +380,7 @@ class Replanner:
         judge, meets_at = rubberband, None if deadline_left is None else self.quantile
         if not fresh.feasible:
             meets_at = None
-            lower = self._likeliest(remaining, fresh, profile, deadline_left, holding, starts)
+            lower = self._likeliest(rubberband, remaining, deadline_left, [*starts, fresh.plan])
             if lower is not None:
                 judge, fresh, meets_at = lower
         reason, switch = self._choice(
@@ -429,19 +430,18 @@ class Replanner:
 
     def _likeliest(
         self,
+        rubberband: RubberBand,
         remaining: list[Stage],
-        fastest: RubberBandResult,
-        profile: Profile,
         deadline_left: float | None,
-        holding: Mapping[int, StagePlan] | None,
         starts: Sequence[AllocationPlan],
     ) -> tuple[RubberBand, RubberBandResult, float] | None:
-        """When no plan of ``remaining`` meets the deadline left at the quantile: RubberBand
-        at the highest of :data:`AT_RISK_QUANTILES` at which a plan meets it, that plan
-        and the quantile; None when none does, even at the lowest."""
+        """When ``rubberband`` finds no plan of ``remaining`` that meets the deadline left
+        at the quantile: RubberBand at the highest of :data:`AT_RISK_QUANTILES` at which a
+        plan meets it (its simulator's runs shared), that plan and the quantile; None when
+        none does, even at the lowest."""
         for quantile in (q for q in AT_RISK_QUANTILES if q < self.quantile):
-            lower = self.rubberband(profile, deadline_left, holding, quantile)
-            result = lower.plan(remaining, also_from=[*starts, fastest.plan])
+            lower = self._rubberband(rubberband.simulator.judging(quantile), deadline_left)
+            result = lower.plan(remaining, also_from=starts)
             if result.feasible:
                 return lower, result, quantile
         return None

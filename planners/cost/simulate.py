@@ -58,6 +58,7 @@ Example (docs/algorithms.md §5.6, plan (4,4,4)):
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -195,6 +196,15 @@ class PlanSimulator:
             chains.append((run, run.released_cost + closing))
         cost = chains[0][1] if len(chains) == 1 else np.sum([c for _, c in chains], axis=0)
         return Outcome(jct, cost, self.quantile, tuple(chains))
+
+    def judging(self, quantile: float) -> PlanSimulator:
+        """This simulator judging plans at ``quantile``: the same draws, and the chains it
+        has run shared with it (a quantile changes how a run is judged, not the run)."""
+        if not 0 < quantile < 1:
+            raise ValueError(f"quantile must lie in (0, 1), got {quantile}")
+        other = copy.copy(self)
+        other.quantile = quantile
+        return other
 
     def world(self, seed: int) -> PlanSimulator:
         """A simulator like this one with one sample and ``seed``: one world in which a
