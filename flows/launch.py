@@ -7,13 +7,24 @@ A segment that fails to produce a report (its worker was lost on every retry, it
 over ``compute.segment_timeout``: tasks/train.py, or anything else raised) comes back as a
 failed report: its trial fails, the job carries on. Only a width the job cannot run
 (a SpecError) ends the job, as bad input.
+
+A local segment's limit raises in its thread at the trainable's next line of Python, so a
+trainable blocked inside a C call (a hung collective, a data loader waiting on a dead
+process) would hold the job forever: the driver gives up on such a segment
+``GIVE_UP_GRACE_SECONDS`` past its limit, fails its trial and leaves the thread behind
+(:class:`DriverRunner` does not wait for it when the flow ends; ``elastune``'s exit goes
+without it: flows/cli.py). A work pool's segments have their driver's limit in
+flows/pools.py and flows/warm_pool.py, where the worker kills the process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import queue
+import time
 from typing import Any
+
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.pools import Launched, PoolTarget
 from flows.segment import WorkerLost
@@ -22,6 +33,10 @@ from planners.search.schedulers.base import Segment
 from planners.spec import SpecError
 from planners.staging.devices import LocalDevices
 from tasks.train import JobRef, SegmentReport, train_segment
+
+# How long past ``compute.segment_timeout`` the driver waits for a local segment: its own
+# limit ends a trainable in Python code at once, and its last writes take a moment.
+GIVE_UP_GRACE_SECONDS = 5.0
 
 
 class Launcher:
@@ -41,6 +56,8 @@ class Launcher:
         self.assigned = None if pool is not None or devices is None else LocalDevices(devices)
         self._flight: dict[Launched, Segment] = {}
         self._done: queue.SimpleQueue[Launched] = queue.SimpleQueue()
+        # When the driver gives up on each local segment in flight (those with a limit).
+        self._give_up: dict[Launched, float] = {}
         # Held in the driver's ``with launcher.signals:`` block, delivered in next_report.
         self.signals = HeldSignals()
 
@@ -56,6 +73,9 @@ class Launcher:
         if self.pool is None:
             ids = None if self.assigned is None else self.assigned.take(segment.trial, segment.gpus)
             future = train_segment.submit(self.ref, segment, config, run_id, ids)
+            if self.ref.segment_timeout is not None:
+                limit = self.ref.segment_timeout + GIVE_UP_GRACE_SECONDS
+                self._give_up[future] = time.monotonic() + limit
         else:
             # The driver's own limit, for a trainable its node's limit cannot end (a C call).
             timeout = self.ref.segment_timeout
@@ -64,12 +84,20 @@ class Launcher:
         future.add_done_callback(self._done.put)
 
     def next_report(self) -> tuple[Segment, SegmentReport]:
-        """Wait for the next segment to finish; it and its report."""
-        with self.signals.delivered():
-            future = self._done.get()
+        """Wait for the next segment to finish, or to be given up on; it and its report."""
+        future = None
+        while future not in self._flight:  # skips a segment given up on that ended after
+            with self.signals.delivered():
+                future = self._next_done()
         segment = self._flight.pop(future)
+        given_up = self._give_up.pop(future, None)
         if self.assigned is not None:
             self.assigned.release(segment.trial)
+        # A local segment still running here is past its give-up time: its thread stays
+        # blocked, and the process's exit ends it.
+        if given_up is not None and not future.wrapped_future.done():
+            assert self.ref.segment_timeout is not None
+            return segment, SegmentReport.timed_out(segment, self.ref.segment_timeout)
         try:
             return segment, future.result()
         except WorkerLost as exc:  # every retry lost its worker
@@ -79,8 +107,34 @@ class Launcher:
         except Exception as exc:  # whatever else ended the segment ends its trial alone
             return segment, SegmentReport.failure(segment, f"{type(exc).__name__}: {exc}")
 
+    def _next_done(self) -> Launched:
+        """The next segment to end, or the first local one past its give-up time."""
+        if not self._give_up:
+            return self._done.get()
+        first = min(self._give_up, key=self._give_up.__getitem__)
+        try:
+            return self._done.get(timeout=max(0.0, self._give_up[first] - time.monotonic()))
+        except queue.Empty:
+            return first
+
     def wait_all(self) -> None:
-        """Let every segment in flight end (the job is ending with an error)."""
+        """Let every segment in flight end, a local one until its give-up time (the job
+        is ending with an error)."""
         for future in self._flight:
+            given_up = self._give_up.get(future)
+            timeout = None if given_up is None else max(0.0, given_up - time.monotonic())
             with contextlib.suppress(Exception):  # the job's own error is the one to raise
-                future.result()
+                future.result(timeout=timeout)
+
+
+class DriverRunner(ThreadPoolTaskRunner):
+    """Prefect's thread pool for a driver's local segments, whose end does not wait for
+    a segment the driver gave up on (its thread blocked in a C call): every other segment
+    has ended by then (:meth:`Launcher.next_report`, :meth:`Launcher.wait_all`)."""
+
+    def __exit__(self, *exc_info: Any) -> None:
+        # Prefect's own exit (3.8) shuts its executor down waiting for every thread.
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        super().__exit__(*exc_info)

@@ -172,8 +172,8 @@ def run_segment(
     runs over ``job.segment_timeout`` or that this worker cannot import yields a failed
     result: one trial's failure never ends the job. A width that cannot run raises SpecError
     (see :func:`segment_width`). The time limit interrupts a trainable stuck in Python code;
-    one blocked inside a C call ends when the call returns (a work pool's driver then gives
-    up on it: flows/pools.py, flows/warm_pool.py).
+    one blocked inside a C call ends when the call returns (its driver gives up on it
+    before: flows/launch.py, flows/pools.py, flows/warm_pool.py).
 
     Args:
         device: Where a single-process segment trains; default ``cuda`` when there is one.

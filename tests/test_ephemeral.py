@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mlflow import MlflowClient
 
 from infra.prefect_app import FACTORY
 from infra.server import new_database
@@ -60,7 +61,7 @@ def wait_for(condition: Callable[[], object], seconds: float) -> bool:
 
 @contextlib.contextmanager
 def training_run(
-    tmp_path: Path, trainable: str, scheduler: dict, stderr: int
+    tmp_path: Path, trainable: str, scheduler: dict, stderr: int, compute: dict | None = None
 ) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
     """``elastune run`` of ``tests.trainables:<trainable>`` in a process group of its own,
     on a Prefect home of its own: yielded once it trains, with its ephemeral server's pids;
@@ -71,6 +72,7 @@ def training_run(
         "metric": "val_accuracy",
         "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
         "scheduler": scheduler,
+        "compute": compute or {},
         "tracking": {
             "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
             "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
@@ -124,15 +126,29 @@ def test_a_killed_run_leaves_no_prefect_server(
         assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
 
 
-def test_a_thread_the_trainable_left_running_does_not_hold_up_the_exit(tmp_path: Path) -> None:
+def test_threads_a_trial_left_or_blocked_in_a_c_call_hold_up_neither_job_nor_exit(
+    tmp_path: Path,
+) -> None:
     """Python joins every non-daemon thread before its exit handlers, which stop the
-    command's server: the command goes without such a thread, and stops its server."""
+    command's server: the command goes without such a thread, and stops its server. A
+    trial's thread blocked in a C call cannot be interrupted: the driver gives up on it at
+    its limit (its trial fails), and the job goes on and ends."""
     short = {"name": "sha", "eta": 3, "max_resource": 3, "max_trials": 3}
-    with training_run(tmp_path, "leaves_a_thread", short, subprocess.PIPE) as (driver, servers):
-        _, err = driver.communicate(timeout=180)
+    compute = {"workers": 2, "segment_timeout": "2s"}
+    run = training_run(tmp_path, "leaves_a_thread", short, subprocess.PIPE, compute)
+    with run as (driver, servers):
+        _, err = driver.communicate(timeout=180)  # trial 0 sleeps an hour
         assert driver.returncode == 0, err
-        assert "exiting without threads still running: left-by-a-trial" in err
+        assert "exiting without threads still running: " in err
+        assert "left-by-a-trial" in err and "ThreadPoolExecutor" in err
         assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("leaves_a_thread").experiment_id
+    runs = client.search_runs([experiment], "tags.elastune.trial = '0'")
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert runs[0].data.tags["elastune.error"] == "timeout: segment ran over 2 s"
+    trained = (tmp_path / "epochs.log").read_text().splitlines()
+    assert trained and all(line.split()[0] != "0" for line in trained)
 
 
 # A process that runs a flow on the early server, then looks at what Prefect was left with.
