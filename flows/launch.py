@@ -10,15 +10,17 @@ failed report: its trial fails, the job carries on. Only a width the job cannot 
 
 A local segment's limit raises in its thread at the trainable's next line of Python, so a
 trainable blocked inside a C call (a hung collective, a data loader waiting on a dead
-process) would hold the job forever: the driver gives up on such a segment
-``GIVE_UP_GRACE_SECONDS`` past its limit, fails its trial and leaves the thread behind
-(:class:`DriverRunner` does not wait for it when the flow ends; ``elastune``'s exit goes
-without it: flows/cli.py). A work pool's segments have their driver's limit in
-flows/pools.py and flows/warm_pool.py, where the worker kills the process.
+process) would hold the job forever: the driver gives up on a segment still inside its
+trainable's call ``GIVE_UP_GRACE_SECONDS`` past its limit (never on one in its own writes
+to MLflow), fails its trial and leaves the thread behind (:class:`DriverRunner` does not
+wait for it when the flow ends; ``elastune``'s exit goes without it: flows/cli.py). A work
+pool's segments have their driver's limit in flows/pools.py and flows/warm_pool.py, where
+the worker kills the process.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import queue
 import time
@@ -32,11 +34,13 @@ from flows.signals import HeldSignals
 from planners.search.schedulers.base import Segment
 from planners.spec import SpecError
 from planners.staging.devices import LocalDevices
-from tasks.train import JobRef, SegmentReport, train_segment
+from tasks.train import JobRef, SegmentReport, train_segment, training_since
 
-# How long past ``compute.segment_timeout`` the driver waits for a local segment: its own
-# limit ends a trainable in Python code at once, and its last writes take a moment.
+# How long past ``compute.segment_timeout`` the driver waits for a local segment still in
+# its trainable's call: its own limit ends a trainable in Python code at once.
 GIVE_UP_GRACE_SECONDS = 5.0
+# How often the driver looks for such a segment while it waits.
+BLOCKED_POLL_SECONDS = 1.0
 
 
 class Launcher:
@@ -56,8 +60,8 @@ class Launcher:
         self.assigned = None if pool is not None or devices is None else LocalDevices(devices)
         self._flight: dict[Launched, Segment] = {}
         self._done: queue.SimpleQueue[Launched] = queue.SimpleQueue()
-        # When the driver gives up on each local segment in flight (those with a limit).
-        self._give_up: dict[Launched, float] = {}
+        # Local segments with a limit: the driver looks for one blocked past it.
+        self._limited = pool is None and job.segment_timeout is not None
         # Held in the driver's ``with launcher.signals:`` block, delivered in next_report.
         self.signals = HeldSignals()
 
@@ -73,9 +77,6 @@ class Launcher:
         if self.pool is None:
             ids = None if self.assigned is None else self.assigned.take(segment.trial, segment.gpus)
             future = train_segment.submit(self.ref, segment, config, run_id, ids)
-            if self.ref.segment_timeout is not None:
-                limit = self.ref.segment_timeout + GIVE_UP_GRACE_SECONDS
-                self._give_up[future] = time.monotonic() + limit
         else:
             # The driver's own limit, for a trainable its node's limit cannot end (a C call).
             timeout = self.ref.segment_timeout
@@ -90,12 +91,11 @@ class Launcher:
             with self.signals.delivered():
                 future = self._next_done()
         segment = self._flight.pop(future)
-        given_up = self._give_up.pop(future, None)
         if self.assigned is not None:
             self.assigned.release(segment.trial)
-        # A local segment still running here is past its give-up time: its thread stays
-        # blocked, and the process's exit ends it.
-        if given_up is not None and not future.wrapped_future.done():
+        # A local segment still running here is blocked past its limit: its thread stays,
+        # and the process's exit ends it.
+        if self._limited and not future.wrapped_future.done():
             assert self.ref.segment_timeout is not None
             return segment, SegmentReport.timed_out(segment, self.ref.segment_timeout)
         try:
@@ -107,24 +107,33 @@ class Launcher:
         except Exception as exc:  # whatever else ended the segment ends its trial alone
             return segment, SegmentReport.failure(segment, f"{type(exc).__name__}: {exc}")
 
-    def _next_done(self) -> Launched:
-        """The next segment to end, or the first local one past its give-up time."""
-        if not self._give_up:
+    def _next_done(self) -> Launched | None:
+        """The next segment to end, or a local one blocked past its limit; None if neither
+        came within ``BLOCKED_POLL_SECONDS``."""
+        if not self._limited:
             return self._done.get()
-        first = min(self._give_up, key=self._give_up.__getitem__)
         try:
-            return self._done.get(timeout=max(0.0, self._give_up[first] - time.monotonic()))
+            return self._done.get(timeout=BLOCKED_POLL_SECONDS)
         except queue.Empty:
-            return first
+            return next((f for f, s in self._flight.items() if self._blocked(s)), None)
+
+    def _blocked(self, segment: Segment) -> bool:
+        """Whether a local ``segment`` is still in its trainable's call past its limit."""
+        since = training_since(self.ref, segment)
+        assert self.ref.segment_timeout is not None
+        limit = self.ref.segment_timeout + GIVE_UP_GRACE_SECONDS
+        return since is not None and time.monotonic() > since + limit
 
     def wait_all(self) -> None:
-        """Let every segment in flight end, a local one until its give-up time (the job
-        is ending with an error)."""
-        for future in self._flight:
-            given_up = self._give_up.get(future)
-            timeout = None if given_up is None else max(0.0, given_up - time.monotonic())
+        """Let every segment in flight end, except a local one blocked past its limit (the
+        job is ending with an error)."""
+        for future, segment in self._flight.items():
+            if self._limited:
+                while not future.wrapped_future.done() and not self._blocked(segment):
+                    concurrent.futures.wait([future.wrapped_future], BLOCKED_POLL_SECONDS)
+                continue
             with contextlib.suppress(Exception):  # the job's own error is the one to raise
-                future.result(timeout=timeout)
+                future.result()
 
 
 class DriverRunner(ThreadPoolTaskRunner):

@@ -283,6 +283,18 @@ def segment_width(job: JobRef, segment: Segment, trainable: Trainable) -> tuple[
     return 1.0, problem
 
 
+# The segments of this process inside their trainable's call, by (job id, trial, start):
+# since when. A local job's driver gives up on one still there past its limit (a C call
+# its thread's limit cannot interrupt: flows/launch.py); never on one in its own writes.
+_IN_TRAINABLE: dict[tuple[str, int, float], float] = {}
+
+
+def training_since(job: JobRef, segment: Segment) -> float | None:
+    """Since when (``time.monotonic``) ``segment`` has been in its trainable's call in this
+    process; None before the call and after it."""
+    return _IN_TRAINABLE.get((job.job_id, segment.trial, segment.start))
+
+
 def _train(
     job: JobRef,
     segment: Segment,
@@ -308,11 +320,16 @@ def _train(
         finally:
             ctx.finish()
         return ctx, None
+    key = (job.job_id, segment.trial, segment.start)
     try:
         # The limit interrupts the trainable's own code only: ctx shields its writes to
         # MLflow from it, and what was reported before it still reaches MLflow (finish).
         with time_limit(job.segment_timeout, timeout_exc_type=SegmentTimeout):
-            trainable(dict(config), ctx)
+            _IN_TRAINABLE[key] = time.monotonic()
+            try:
+                trainable(dict(config), ctx)
+            finally:
+                _IN_TRAINABLE.pop(key, None)
     except SegmentTimeout:
         return ctx, timeout_reason(job.segment_timeout)
     except (Exception, SystemExit) as exc:  # a trainable's sys.exit() ends its trial alone

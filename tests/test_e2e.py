@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -16,6 +17,8 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from flows.cli import main
+from flows.launch import GIVE_UP_GRACE_SECONDS
+from tasks.context import TrialContext
 
 pytestmark = pytest.mark.slow
 
@@ -180,6 +183,35 @@ def test_failing_nan_and_hung_trials_are_marked_failed_and_the_job_goes_on(
         study = optuna.load_study(study_name=summary["job_id"], storage=summary["optuna_storage"])
         assert sum(t.state is TrialState.FAIL for t in study.trials) == len(failed)
         assert summary["best"] is not None
+
+
+def test_a_segment_still_writing_past_its_limit_is_waited_for(
+    tmp_path, stores, capsys, monkeypatch
+) -> None:
+    """A local job's driver gives up on a segment blocked in its trainable past the limit
+    (tests/test_ephemeral.py), never on one that trained within it and is still handing
+    its metrics and checkpoint to MLflow: that segment finished, and is kept."""
+    finish = TrialContext.finish
+
+    def slow(ctx: TrialContext) -> None:
+        if ctx.trial == 0:
+            time.sleep(2 + GIVE_UP_GRACE_SECONDS + 1)
+        finish(ctx)
+
+    monkeypatch.setattr(TrialContext, "finish", slow)
+    code, summary, err = run_job(
+        tmp_path,
+        stores,
+        capsys,
+        scheduler={"name": "random", "max_resource": 1, "max_trials": 2},
+        compute={"workers": 2, "segment_timeout": "2s"},
+    )
+    assert code == 0, err
+    runs = {
+        r.data.tags["elastune.trial"]: r for r in child_runs(tmp_path, summary["mlflow_run_id"])
+    }
+    assert runs["0"].info.status == "FINISHED", runs["0"].data.tags.get("elastune.error")
+    assert runs["0"].data.metrics["val_accuracy"] is not None
 
 
 def test_a_trainable_that_raises_building_the_best_model_leaves_the_job_done(
