@@ -26,6 +26,9 @@ import queue
 import time
 from typing import Any
 
+from prefect.client.orchestration import get_client
+from prefect.exceptions import PrefectHTTPStatusError
+from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.pools import Launched, PoolTarget
@@ -96,8 +99,7 @@ class Launcher:
         # A local segment still running here is blocked past its limit: its thread stays,
         # and the process's exit ends it.
         if self._limited and not future.wrapped_future.done():
-            assert self.ref.segment_timeout is not None
-            return segment, SegmentReport.timed_out(segment, self.ref.segment_timeout)
+            return segment, self._given_up(future, segment)
         try:
             return segment, future.result()
         except WorkerLost as exc:  # every retry lost its worker
@@ -116,6 +118,17 @@ class Launcher:
             return self._done.get(timeout=BLOCKED_POLL_SECONDS)
         except queue.Empty:
             return next((f for f, s in self._flight.items() if self._blocked(s)), None)
+
+    def _given_up(self, future: Launched, segment: Segment) -> SegmentReport:
+        """The report of a local segment blocked past its limit; its task run, which its
+        thread cannot end, is marked TimedOut (Prefect's name for a task's timeout)."""
+        assert self.ref.segment_timeout is not None
+        report = SegmentReport.timed_out(segment, self.ref.segment_timeout)
+        state = Failed(message=report.error, name="TimedOut")
+        # One the server has not recorded yet keeps the state its events gave it.
+        with get_client(sync_client=True) as client, contextlib.suppress(PrefectHTTPStatusError):
+            client.set_task_run_state(future.task_run_id, state, force=True)
+        return report
 
     def _blocked(self, segment: Segment) -> bool:
         """Whether a local ``segment`` is still in its trainable's call past its limit."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -149,6 +150,9 @@ def test_threads_a_trial_left_or_blocked_in_a_c_call_hold_up_neither_job_nor_exi
     assert runs[0].data.tags["elastune.error"] == "timeout: segment ran over 2 s"
     trained = (tmp_path / "epochs.log").read_text().splitlines()
     assert trained and all(line.split()[0] != "0" for line in trained)
+    with contextlib.closing(sqlite3.connect(tmp_path / "prefect.db")) as db:
+        states = db.execute("SELECT name, state_name FROM task_run").fetchall()
+    assert ("trial-0 0→1", "TimedOut") in states, states
 
 
 # A process that runs a flow on the early server, then looks at what Prefect was left with.
