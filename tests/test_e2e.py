@@ -211,7 +211,7 @@ def test_a_segment_still_writing_past_its_limit_is_waited_for(
         r.data.tags["elastune.trial"]: r for r in child_runs(tmp_path, summary["mlflow_run_id"])
     }
     assert runs["0"].info.status == "FINISHED", runs["0"].data.tags.get("elastune.error")
-    assert runs["0"].data.metrics["val_accuracy"] is not None
+    assert "val_accuracy" in runs["0"].data.metrics
 
 
 def test_a_trainable_that_raises_building_the_best_model_leaves_the_job_done(

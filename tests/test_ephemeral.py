@@ -133,7 +133,7 @@ def test_threads_a_trial_left_or_blocked_in_a_c_call_hold_up_neither_job_nor_exi
     """Python joins every non-daemon thread before its exit handlers, which stop the
     command's server: the command goes without such a thread, and stops its server. A
     trial's thread blocked in a C call cannot be interrupted: the driver gives up on it at
-    its limit (its trial fails), and the job goes on and ends."""
+    its limit (its trial fails, its task run is TimedOut), and the job goes on and ends."""
     short = {"name": "sha", "eta": 3, "max_resource": 3, "max_trials": 3}
     compute = {"workers": 2, "segment_timeout": "2s"}
     run = training_run(tmp_path, "leaves_a_thread", short, subprocess.PIPE, compute)
