@@ -26,18 +26,18 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 from prefect.states import Failed
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.compiled import CompiledJob, compile_job
 from flows.drive import drive
 from flows.job import Job, new_job_id
-from flows.launch import DriverRunner
 from flows.pools import PoolSizer, PoolTarget, open_pool
 from flows.stored import stored_job
 from infra.sizing import InfraError
 from planners.spec import MAX_WORKERS, JobSpec, SpecError, load_job
 
 # The driver's segments in flight, a thread each; Prefect runs a copy per flow run.
-DRIVER_RUNNER = DriverRunner(max_workers=MAX_WORKERS)
+DRIVER_RUNNER = ThreadPoolTaskRunner(max_workers=MAX_WORKERS)
 
 
 def job_run_name() -> str:

@@ -21,12 +21,14 @@ field, unless the job file sets ``compute.elastic_fallback: true``: the segment 
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import os
+import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -172,8 +174,8 @@ def run_segment(
     runs over ``job.segment_timeout`` or that this worker cannot import yields a failed
     result: one trial's failure never ends the job. A width that cannot run raises SpecError
     (see :func:`segment_width`). The time limit interrupts a trainable stuck in Python code;
-    one blocked inside a C call ends when the call returns (its driver gives up on it
-    before: flows/launch.py, flows/pools.py, flows/warm_pool.py).
+    one blocked inside a C call is left behind in its own thread a few seconds later
+    (:func:`_within_limit`).
 
     Args:
         device: Where a single-process segment trains; default ``cuda`` when there is one.
@@ -283,16 +285,13 @@ def segment_width(job: JobRef, segment: Segment, trainable: Trainable) -> tuple[
     return 1.0, problem
 
 
-# The segments of this process inside their trainable's call, by (job id, trial, start):
-# since when. A local job's driver gives up on one still there past its limit (a C call
-# its thread's limit cannot interrupt: flows/launch.py); never on one in its own writes.
-_IN_TRAINABLE: dict[tuple[str, int, float], float] = {}
+# How long past ``compute.segment_timeout`` a segment waits for a trainable the limit could
+# not stop (blocked inside a C call): the limit ends one in Python code at once.
+GIVE_UP_GRACE_SECONDS = 5.0
 
 
-def training_since(job: JobRef, segment: Segment) -> float | None:
-    """Since when (``time.monotonic``) ``segment`` has been in its trainable's call in this
-    process; None before the call and after it."""
-    return _IN_TRAINABLE.get((job.job_id, segment.trial, segment.start))
+class SegmentBlocked(SegmentTimeout):
+    """The trainable was still running ``GIVE_UP_GRACE_SECONDS`` past its limit."""
 
 
 def _train(
@@ -320,25 +319,49 @@ def _train(
         finally:
             ctx.finish()
         return ctx, None
-    key = (job.job_id, segment.trial, segment.start)
+    error = None
     try:
-        # The limit interrupts the trainable's own code only: ctx shields its writes to
-        # MLflow from it, and what was reported before it still reaches MLflow (finish).
-        with time_limit(job.segment_timeout, timeout_exc_type=SegmentTimeout):
-            _IN_TRAINABLE[key] = time.monotonic()
-            try:
-                trainable(dict(config), ctx)
-            finally:
-                _IN_TRAINABLE.pop(key, None)
-    except SegmentTimeout:
+        _within_limit(job.segment_timeout, lambda: trainable(dict(config), ctx))
+    except SegmentBlocked:
+        # ctx stays with the blocked thread: what it wrote is kept, what it held is lost.
         return ctx, timeout_reason(job.segment_timeout)
+    except SegmentTimeout:
+        error = timeout_reason(job.segment_timeout)
     except (Exception, SystemExit) as exc:  # a trainable's sys.exit() ends its trial alone
         error = "".join(traceback.format_exception_only(exc)).strip()
         error += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])
-        return ctx, error
-    finally:
-        ctx.finish()
-    return ctx, None
+    ctx.finish()
+    return ctx, error
+
+
+def _within_limit(limit: float | None, call: Callable[[], None]) -> None:
+    """``call()`` within ``limit`` seconds. The limit is raised into the call's thread at
+    its next line of Python, so it cannot end a call blocked inside C (a hung collective, a
+    data loader waiting on a dead process): the call runs in a daemon thread of its own,
+    left behind ``GIVE_UP_GRACE_SECONDS`` past the limit (:class:`SegmentBlocked`), where it
+    holds up neither this segment, nor the thread pool it came from, nor the process's exit.
+    The limit interrupts the trainable's own code only: ctx shields its writes to MLflow."""
+    if limit is None:
+        call()
+        return
+    raised: list[BaseException] = []
+
+    def limited() -> None:
+        try:
+            with time_limit(limit, timeout_exc_type=SegmentTimeout):
+                call()
+        except BaseException as exc:  # the caller's thread raises it
+            raised.append(exc)
+
+    context = contextvars.copy_context()  # Prefect's run context, for the trainable's logs
+    thread = threading.Thread(target=context.run, args=(limited,), daemon=True)
+    thread.name = f"{threading.current_thread().name}-trainable"
+    thread.start()
+    thread.join(limit + GIVE_UP_GRACE_SECONDS)
+    if thread.is_alive():
+        raise SegmentBlocked(f"still running {GIVE_UP_GRACE_SECONDS:g} s past {limit:g} s")
+    if raised:
+        raise raised[0]
 
 
 def _train_rank(

@@ -17,8 +17,8 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from flows.cli import main
-from flows.launch import GIVE_UP_GRACE_SECONDS
 from tasks.context import TrialContext
+from tasks.train import GIVE_UP_GRACE_SECONDS
 
 pytestmark = pytest.mark.slow
 
@@ -188,9 +188,9 @@ def test_failing_nan_and_hung_trials_are_marked_failed_and_the_job_goes_on(
 def test_a_segment_still_writing_past_its_limit_is_waited_for(
     tmp_path, stores, capsys, monkeypatch
 ) -> None:
-    """A local job's driver gives up on a segment blocked in its trainable past the limit
-    (tests/test_ephemeral.py), never on one that trained within it and is still handing
-    its metrics and checkpoint to MLflow: that segment finished, and is kept."""
+    """A segment leaves behind a trainable blocked past its limit (tests/test_ephemeral.py),
+    never one that trained within it while it hands its metrics and checkpoint to MLflow:
+    that segment finished, and is kept."""
     finish = TrialContext.finish
 
     def slow(ctx: TrialContext) -> None:

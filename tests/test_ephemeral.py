@@ -132,16 +132,16 @@ def test_threads_a_trial_left_or_blocked_in_a_c_call_hold_up_neither_job_nor_exi
 ) -> None:
     """Python joins every non-daemon thread before its exit handlers, which stop the
     command's server: the command goes without such a thread, and stops its server. A
-    trial's thread blocked in a C call cannot be interrupted: the driver gives up on it at
-    its limit (its trial fails, its task run is TimedOut), and the job goes on and ends."""
+    trial's call blocked in C cannot be interrupted: its segment leaves it behind at its
+    limit (the trial fails, its task run ends), and the job goes on and ends."""
     short = {"name": "sha", "eta": 3, "max_resource": 3, "max_trials": 3}
     compute = {"workers": 2, "segment_timeout": "2s"}
     run = training_run(tmp_path, "leaves_a_thread", short, subprocess.PIPE, compute)
     with run as (driver, servers):
         _, err = driver.communicate(timeout=180)  # trial 0 sleeps an hour
         assert driver.returncode == 0, err
-        assert "exiting without threads still running: " in err
-        assert "left-by-a-trial" in err and "ThreadPoolExecutor" in err
+        # The blocked call's thread is a daemon: the exit waits for the trials' own alone.
+        assert "exiting without threads still running: left-by-a-trial\n" in err
         assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     experiment = client.get_experiment_by_name("leaves_a_thread").experiment_id
@@ -152,7 +152,7 @@ def test_threads_a_trial_left_or_blocked_in_a_c_call_hold_up_neither_job_nor_exi
     assert trained and all(line.split()[0] != "0" for line in trained)
     with contextlib.closing(sqlite3.connect(tmp_path / "prefect.db")) as db:
         states = db.execute("SELECT name, state_name FROM task_run").fetchall()
-    assert ("trial-0 0→1", "TimedOut") in states, states
+    assert ("trial-0 0→1", "Completed") in states, states  # with its failed report
 
 
 # A process that runs a flow on the early server, then looks at what Prefect was left with.
