@@ -319,19 +319,20 @@ def _train(
         finally:
             ctx.finish()
         return ctx, None
-    error = None
+    blocked = False
     try:
         _within_limit(job.segment_timeout, lambda: trainable(dict(config), ctx))
-    except SegmentBlocked:
-        # ctx stays with the blocked thread: what it wrote is kept, what it held is lost.
+    except SegmentTimeout as exc:
+        blocked = isinstance(exc, SegmentBlocked)
         return ctx, timeout_reason(job.segment_timeout)
-    except SegmentTimeout:
-        error = timeout_reason(job.segment_timeout)
     except (Exception, SystemExit) as exc:  # a trainable's sys.exit() ends its trial alone
         error = "".join(traceback.format_exception_only(exc)).strip()
         error += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])
-    ctx.finish()
-    return ctx, error
+        return ctx, error
+    finally:
+        if not blocked:  # else ctx stays with the blocked thread: what it wrote is kept
+            ctx.finish()
+    return ctx, None
 
 
 def _within_limit(limit: float | None, call: Callable[[], None]) -> None:
