@@ -57,7 +57,7 @@ class Launcher:
             ids = None if self.assigned is None else self.assigned.take(segment.trial, segment.gpus)
             future = train_segment.submit(self.ref, segment, config, run_id, ids)
         else:
-            # The driver's own limit, for a trainable its node's limit cannot end (a C call).
+            # The driver's own limit too, for a node or flow run that hangs as a whole.
             timeout = self.ref.segment_timeout
             future = self.pool.submit(self.ref, segment, config, run_id, instance_type, timeout)
         self._flight[future] = segment
