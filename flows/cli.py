@@ -215,34 +215,36 @@ def _print_plan(report: Any) -> None:
     console = Console()
     columns, rows = report.to_table()
     title = f"{report.planner} plan"
-    table = _table(title, columns, rows, compact=False)
     wide = console.options.update_width(10_000)  # what the table needs, whatever the screen
-    # Every value whole: a screen narrower than the compact table gets it wider than itself.
-    width = console.width
-    if console.measure(table, options=wide).maximum > width:
-        table = _table(title, columns, rows, compact=True)
-        width = max(width, console.measure(table, options=wide).minimum)
+    # Bordered, then compact with whole headers, then with headers folded: the first that
+    # fits the screen (an 80-column terminal gets the second for an on-demand plan).
+    for fold in (None, 100, 4):
+        table = _table(title, columns, rows, fold)
+        if console.measure(table, options=wide).maximum <= console.width:
+            break
+    # Every value whole: a screen narrower than the last table gets it wider than itself.
+    width = max(console.width, console.measure(table, options=wide).minimum)
     console.print(table, width=width, crop=False)
     for line in report.summary_lines():
         console.print(line, highlight=False)
 
 
-def _table(title: str, columns: list[str], rows: list[list[str]], compact: bool) -> Any:
-    """A rich table; ``compact``: no borders, each column as wide as its longest value (at
-    least 4), its header broken to fit."""
+def _table(title: str, columns: list[str], rows: list[list[str]], fold: int | None) -> Any:
+    """A rich table; with ``fold``: no borders, each column as wide as its longest value or
+    ``fold`` characters of its header if wider, its header folded to fit."""
     import textwrap
 
     from rich import box
     from rich.table import Table
 
-    if not compact:
+    if fold is None:
         table = Table(title=title)
         for column in columns:
             table.add_column(column)
     else:
         table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0))
         for i, column in enumerate(columns):
-            width = max(4, *(len(row[i]) for row in rows))
+            width = max(min(fold, len(column)), *(len(row[i]) for row in rows))
             table.add_column("\n".join(textwrap.wrap(column, width)), min_width=width)
     for row in rows:
         table.add_row(*row)

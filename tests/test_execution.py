@@ -216,6 +216,33 @@ def test_plan_prints_the_mode_run_would_give(tmp_path, capsys) -> None:
     assert err.strip().splitlines()[-1].startswith("mode: planned (deadline 2h), not packed")
 
 
+@pytest.mark.parametrize("spot", [False, True])
+def test_the_plan_table_fits_an_80_column_screen_with_its_headers_whole(
+    spot, capsys, monkeypatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    cloud = str(Path(__file__).resolve().parent.parent / "examples" / "cloud.yaml")
+    assert main(["plan", cloud, "--set", f"compute.spot={str(spot).lower()}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("stage"))
+    table = lines[: lines.index(header) + 6]  # title, header, rule, four stages
+    if not spot:  # every header whole, no market or interruptions column (all on-demand)
+        assert header.split() == [
+            "stage",
+            "trials",
+            "resource",
+            "GPUs/trial",
+            "instances",
+            "start",
+            "end",
+            "cost",
+        ]
+        assert max(len(line.rstrip()) for line in table) <= 80
+        assert not any("on-demand" in line for line in table)
+    else:  # each stage's market shown (its headers folded to fit)
+        assert all(" spot " in line for line in table[-4:])
+
+
 def test_plan_of_a_trainable_not_here_says_so(tmp_path, capsys) -> None:
     assert main(["plan", write(tmp_path, job(**PLANNED, trainable="nowhere:train"))]) == 0
     last = capsys.readouterr().err.strip().splitlines()[-1]

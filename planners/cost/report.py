@@ -245,9 +245,12 @@ class PlanReport:
         return "slots" if set(self.catalog.instance_types) == {LOCAL} else "GPUs"
 
     def to_table(self) -> tuple[list[str], list[list[str]]]:
-        """Column names and rows of the stage table, as strings for a rich Table."""
-        columns = ["stage", "trials", "resource", f"{self.devices}/trial", "instances", "market"]
-        columns += ["interruptions", "start", "end", "cost"]
+        """Column names and rows of the stage table, as strings for a rich Table; the market
+        and interruptions columns only when a stage runs on spot."""
+        spot = any(row.allocation.market == "spot" for row in self.rows)
+        columns = ["stage", "trials", "resource", f"{self.devices}/trial", "instances"]
+        columns += ["market", "interruptions"] if spot else []
+        columns += ["start", "end", "cost"]
         rows = [
             [
                 row.name,
@@ -255,8 +258,14 @@ class PlanReport:
                 f"{row.resource_start:g} → {row.resource_stop:g}",
                 f"{row.allocation.gpus_per_trial:g}",
                 f"{row.allocation.instance_type} × {row.allocation.instances}",
-                row.allocation.market,
-                f"{row.interruptions:.2f}" if row.allocation.market == "spot" else "-",
+                *(
+                    [
+                        row.allocation.market,
+                        f"{row.interruptions:.2f}" if row.allocation.market == "spot" else "-",
+                    ]
+                    if spot
+                    else []
+                ),
                 format_duration(row.start_s),
                 format_duration(row.end_s),
                 f"${row.cost_usd:,.2f}",
