@@ -137,10 +137,17 @@ def test_bad_input_names_the_field(sections: dict, field: str, tmp_path, stores,
     assert_rejected(capsys, main(["plan", str(path), *stores]), field, tmp_path)
 
 
-def test_hyperband_on_too_few_slots_says_how_many() -> None:
+def test_hyperband_on_too_few_slots_says_how_many_and_the_ways_out() -> None:
     spec = parse_job(job(scheduler={"name": "hyperband", "eta": 3, "max_resource": 9}))
-    with pytest.raises(SpecError, match="2 slots of this machine are too few for 3 brackets"):
+    with pytest.raises(SpecError) as raised:
         plan_job(spec)
+    assert str(raised.value) == (
+        "compute.workers: 2 slots of this machine are too few for 3 brackets side by side "
+        "(each needs a slot); give at least 3, or plan one bracket (scheduler.name: sha)"
+    )
+    # Two CUDA devices: no field of the job gives a third.
+    with pytest.raises(SpecError, match=r"^scheduler\.name: 2 CUDA devices .*; plan one bracket"):
+        plan_job(spec, devices=2)
 
 
 # --- a planned local run --------------------------------------------------------------------

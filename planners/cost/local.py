@@ -55,15 +55,20 @@ def plans_local(spec: JobSpec, catalog_given: bool = False) -> bool:
 
 def check_brackets(spec: JobSpec, brackets: int, devices: int | None = None) -> None:
     """Brackets run side by side, each on its own slots: a SpecError naming the field when
-    the machine has fewer slots than the job has brackets."""
+    the machine has fewer slots than the job has brackets, and the ways out."""
     slots = local_slots(spec, devices)
-    if brackets > slots:
+    if brackets <= slots:
+        return
+    if slots == spec.compute.max_gpus or not devices:
         field = "compute.max_gpus" if slots == spec.compute.max_gpus else "compute.workers"
-        what = "CUDA devices" if devices else "slots"
-        raise SpecError(
-            f"{field}: {slots} {what} of this machine are too few for {brackets} brackets "
-            f"side by side (each needs a slot); give at least {brackets}"
-        )
+        more = f"give at least {brackets}, or "
+    else:  # the machine's CUDA devices: no field gives more
+        field, more = "scheduler.name", ""
+    what = "CUDA devices" if devices else "slots"
+    raise SpecError(
+        f"{field}: {slots} {what} of this machine are too few for {brackets} brackets "
+        f"side by side (each needs a slot); {more}plan one bracket (scheduler.name: sha)"
+    )
 
 
 def local_slots(spec: JobSpec, devices: int | None = None) -> int:
