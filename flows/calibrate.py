@@ -59,12 +59,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from subprocess import PIPE
 from typing import Any, NamedTuple
 
 import numpy as np
 import yaml
 
 from flows.compiled import local_devices
+from flows.ephemeral import watchdog
 from planners.cost.local import local_slots
 from planners.spec import JobSpec, SpecError
 
@@ -134,16 +136,21 @@ def run_elsewhere(job: JobSpec, folder: Path) -> float:
     trainable is imported from); its wall seconds."""
     path = folder / "job.yaml"
     path.write_text(yaml.safe_dump(job.model_dump(mode="json")))
-    done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "run", str(path), "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+    command = [sys.executable, "-m", "flows.cli", "run", str(path), "--json"]
+    with subprocess.Popen(command, stdout=PIPE, stderr=PIPE, text=True) as run:
+        # A profile killed, even by SIGKILL, leaves no run of its own running.
+        stand_down = watchdog(run.pid)
+        try:
+            out, err = run.communicate()
+        except BaseException:  # Ctrl-C: as subprocess.run does
+            run.kill()
+            raise
+        finally:
+            stand_down()
+    if run.returncode != 0:
+        tail = err.strip().splitlines()[-1:] or ["no output"]
         raise SpecError(f"calibration: a small run of the job failed: {tail[0]}")
-    return float(json.loads(done.stdout)["wall_seconds"])
+    return float(json.loads(out)["wall_seconds"])
 
 
 def say(line: str) -> None:

@@ -72,8 +72,8 @@ SERVER_ENV = {
     **RECORDER_BATCHES,
     **NO_BLOCK_REGISTRATION,
 }
-# The watchdog: wait for end-of-file on stdin, then stop the server (SIGTERM, then SIGKILL
-# if it still runs 5 s later). $0 is the server's pid.
+# The watchdog: wait for end-of-file on stdin, then stop the process (SIGTERM, then SIGKILL
+# if it still runs 5 s later). $0 is its pid.
 WATCHDOG = "cat >/dev/null; kill -TERM $0 2>/dev/null; sleep 5; kill -KILL $0 2>/dev/null"
 
 # Imported while the server starts, as long as it does: MLflow's SQL store (a job's
@@ -179,19 +179,31 @@ def start_server() -> tuple[int, subprocess.Popen, Callable[[], None]]:
     server = subprocess.Popen(
         command, env={**os.environ, **SERVER_ENV, **settings}, start_new_session=True
     )
-    watchdog = subprocess.Popen(
-        ["sh", "-c", WATCHDOG, str(server.pid)], stdin=subprocess.PIPE, start_new_session=True
-    )
+    stand_down = watchdog(server.pid)
 
     def stop() -> None:
-        # The watchdog goes first, so that it never signals a pid the system reused.
-        watchdog.kill()
-        if watchdog.stdin is not None:
-            watchdog.stdin.close()  # its `cat` ends too
-        watchdog.wait()
+        stand_down()
         stop_group(server, signal.SIGTERM, grace=5.0)  # the server is its own group
 
     return port, server, stop
+
+
+def watchdog(pid: int) -> Callable[[], None]:
+    """Stop the child ``pid`` when this process dies, however it dies (SIGKILL included):
+    a watchdog (``sh``) holds the read end of a pipe only this process writes to. Returns
+    the function that stands it down, to be called before the child is reaped, so that it
+    never signals a pid the system reused."""
+    dog = subprocess.Popen(
+        ["sh", "-c", WATCHDOG, str(pid)], stdin=subprocess.PIPE, start_new_session=True
+    )
+
+    def stand_down() -> None:
+        dog.kill()
+        if dog.stdin is not None:
+            dog.stdin.close()  # its `cat` ends too
+        dog.wait()
+
+    return stand_down
 
 
 def startup_timeout() -> float:

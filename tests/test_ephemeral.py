@@ -1,6 +1,7 @@
 """A local ``elastune run`` killed (SIGKILL, or SIGTERM to its process group) leaves no
 Prefect server behind, and ends at once (issue 13: the ephemeral server is a child that
-dies with its command and outlives a signal to the command's group, flows/ephemeral.py)."""
+dies with its command and outlives a signal to the command's group, flows/ephemeral.py);
+a killed ``elastune profile`` leaves none of its calibration runs."""
 
 from __future__ import annotations
 
@@ -60,13 +61,11 @@ def wait_for(condition: Callable[[], object], seconds: float) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def training_run(
-    tmp_path: Path, trainable: str, scheduler: dict, stderr: int, compute: dict | None = None
-) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
-    """``elastune run`` of ``tests.trainables:<trainable>`` in a process group of its own,
-    on a Prefect home of its own: yielded once it trains, with its ephemeral server's pids;
-    the group is killed after, whatever happened."""
+def job_here(
+    tmp_path: Path, trainable: str, scheduler: dict, compute: dict | None = None, **env: str
+) -> dict[str, str]:
+    """``tmp_path/job.yaml`` of ``tests.trainables:<trainable>``, its stores and Prefect home
+    in ``tmp_path``; the environment a command runs it in, with ``env`` added."""
     job = {
         "name": trainable,
         "trainable": f"tests.trainables:{trainable}",
@@ -80,19 +79,35 @@ def training_run(
         },
     }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    log = tmp_path / "epochs.log"
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PYTHONPATH=str(ROOT), ELASTUNE_TEST_LOG=str(log), PREFECT_HOME=str(tmp_path))
     new_database(tmp_path / "prefect.db")  # a used home's: the server does not migrate it
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "run", str(tmp_path / "job.yaml")],
+    here = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    return here | {"PYTHONPATH": str(ROOT), "PREFECT_HOME": str(tmp_path), **env}
+
+
+def start(tmp_path: Path, command: str, env: dict[str, str], stderr: int) -> subprocess.Popen:
+    """``elastune <command> job.yaml`` in a process group of its own, so that the test can
+    clean up whatever happens."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", command, str(tmp_path / "job.yaml")],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=stderr,
         text=True,
-        start_new_session=True,  # so that the test can clean up whatever happens
+        start_new_session=True,
     )
+
+
+@contextlib.contextmanager
+def training_run(
+    tmp_path: Path, trainable: str, scheduler: dict, stderr: int, compute: dict | None = None
+) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """``elastune run`` of ``tests.trainables:<trainable>`` (:func:`job_here`): yielded once
+    it trains, with its ephemeral server's pids; its group is killed after, whatever
+    happened."""
+    log = tmp_path / "epochs.log"
+    env = job_here(tmp_path, trainable, scheduler, compute, ELASTUNE_TEST_LOG=str(log))
+    driver = start(tmp_path, "run", env, stderr)
     try:
         assert wait_for(lambda: log.exists() and log.read_text().strip(), 180), "never trained"
         servers = [pid for pid in children(driver.pid) if is_server(pid)]
@@ -125,6 +140,38 @@ def test_a_killed_run_leaves_no_prefect_server(
         # A driver whose server went first would retry the API for minutes before it ended.
         driver.wait(seconds)
         assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
+
+
+def test_a_killed_profile_leaves_no_calibration_run(tmp_path: Path) -> None:
+    """``elastune profile`` runs its calibration jobs as ``elastune run`` children: killed
+    by SIGKILL while one trains, it leaves neither that run nor the run's server."""
+    pids = tmp_path / "pids.log"
+    sha = {"name": "sha", "eta": 3, "max_resource": 3}
+    env = job_here(tmp_path, "pid_logged_quadratic", sha, ELASTUNE_TEST_PIDS=str(pids))
+    profile = start(tmp_path, "profile", env, subprocess.DEVNULL)
+    servers: list[int] = []
+
+    def training() -> set[int]:  # its own units first (1 s each), then a calibration run's
+        lines = pids.read_text().splitlines() if pids.exists() else []
+        return {int(line.split()[0]) for line in lines} - {profile.pid}
+
+    try:
+        assert wait_for(training, 180), "never calibrated"
+        (tmp_path / "pids.log.hold").touch()  # the run holds its first epoch from now on
+        (run,) = training()
+        servers = [pid for pid in children(run) if is_server(pid)]
+        assert servers and alive(run)
+        profile.kill()
+        profile.wait(10)
+        # The run gets SIGTERM, and SIGKILL 5 s later; its server stops with it.
+        assert wait_for(lambda: not alive(run), 20), "calibration run left"
+        assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(profile.pid, signal.SIGKILL)
+        for pid in servers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_threads_a_trial_left_or_blocked_in_a_c_call_hold_up_neither_job_nor_exit(
