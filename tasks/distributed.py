@@ -5,7 +5,8 @@ CPU, NCCL when CUDA is available), hands each a :class:`DistContext` (rank, worl
 device) and returns rank 0's return value. A rank that raises or dies ends the whole run
 with a :class:`DistributedError` that names it and carries its traceback; a run that hangs
 ends with a :class:`TimeoutError`. Every rank leaves through docs/stack.md §6's exit
-(``destroy_process_group``; flush; ``os._exit``), so no rank aborts at interpreter exit.
+(``destroy_process_group``; flush; ``os._exit``), so no rank aborts at interpreter exit,
+and exits at once when the process that started it dies, even by SIGKILL.
 
 A trial may change its width between segments, so its checkpoint must load at any world
 size: :func:`save_checkpoint` writes the unwrapped module's state from rank 0 only, and
@@ -23,6 +24,7 @@ import os
 import pickle
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -279,6 +281,7 @@ def _rank_main(
     timeout: float,
 ) -> None:
     failed = False
+    threading.Thread(target=_exit_with_parent, name="rank-watchdog", daemon=True).start()
     try:
         fn, args, kwargs = pickle.loads(payload)
         if backend == "nccl":
@@ -313,6 +316,16 @@ def _rank_main(
         sys.stderr.flush()
         # docs/stack.md §6: a normal interpreter exit after destroy aborts 10-20% of the time.
         os._exit(1 if failed else 0)
+
+
+def _exit_with_parent() -> None:
+    """End this rank when the process that started it dies, however it dies (SIGKILL
+    included): a rank left training would hold its GPU until its segment ended, for nobody.
+    The sentinel is multiprocessing's own, a pipe only the starting process writes to."""
+    parent = mp.parent_process()
+    if parent is not None:
+        wait([parent.sentinel])
+        os._exit(1)
 
 
 # --- world-size independent checkpoints ---------------------------------------------------

@@ -12,8 +12,13 @@ un-averaged gradient would fail, loose enough for any reduction order.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +33,7 @@ from tasks.distributed import (
     run_distributed,
     save_checkpoint,
 )
+from tests.test_ephemeral import ROOT, alive, wait_for
 
 pytestmark = pytest.mark.slow  # spawns processes and trains a model
 
@@ -87,7 +93,10 @@ def die_on_rank_one(ctx: DistContext) -> None:
     torch.distributed.barrier()
 
 
-def hang(ctx: DistContext) -> None:
+def hang(ctx: DistContext, noted: str | None = None) -> None:
+    """Sleeps ten minutes; with ``noted`` (a folder), its pid written there first."""
+    if noted is not None:
+        Path(noted, f"rank{ctx.rank}").write_text(str(os.getpid()))
     time.sleep(600)
 
 
@@ -145,6 +154,26 @@ def test_a_rank_that_dies_is_named_not_the_peer_it_takes_down():
 def test_a_hung_run_times_out():
     with pytest.raises(TimeoutError, match=r"within 3 s; ranks \[0\] of 1"):
         run_distributed(hang, 1, backend="gloo", timeout=3)
+
+
+def test_ranks_end_with_the_process_that_started_them(tmp_path: Path) -> None:
+    """A driver killed by SIGKILL leaves no rank training (on a GPU, holding it)."""
+    start = "from tasks.distributed import run_distributed; from tests.test_distributed import hang"
+    start += f"; run_distributed(hang, 2, args=({str(tmp_path)!r},), backend='gloo', timeout=600)"
+    driver = subprocess.Popen([sys.executable, "-c", start], cwd=ROOT, start_new_session=True)
+    ranks: list[int] = []
+    try:
+        noted = [tmp_path / "rank0", tmp_path / "rank1"]
+        assert wait_for(lambda: all(n.exists() and n.read_text() for n in noted), 120)
+        ranks = [int(n.read_text()) for n in noted]
+        assert all(alive(rank) for rank in ranks)
+        driver.kill()
+        driver.wait(10)
+        assert wait_for(lambda: not any(alive(rank) for rank in ranks), 15), "ranks left"
+    finally:
+        for pid in [driver.pid, *ranks]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(
