@@ -148,6 +148,10 @@ def test_hyperband_on_too_few_slots_says_how_many_and_the_ways_out() -> None:
     # Two CUDA devices: no field of the job gives a third.
     with pytest.raises(SpecError, match=r"^scheduler\.name: 2 CUDA devices .*; plan one bracket"):
         plan_job(spec, devices=2)
+    # Four slots, but compute.max_gpus lets the job use two of them.
+    capped = parse_job({**spec.model_dump(), "compute": {"workers": 4, "max_gpus": 2}})
+    with pytest.raises(SpecError, match=r"^compute\.max_gpus: 2 slots .*give at least 3, or"):
+        plan_job(capped)
 
 
 # --- a planned local run --------------------------------------------------------------------

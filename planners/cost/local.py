@@ -59,9 +59,10 @@ def check_brackets(spec: JobSpec, brackets: int, devices: int | None = None) -> 
     slots = local_slots(spec, devices)
     if brackets <= slots:
         return
-    if slots == spec.compute.max_gpus or not devices:
-        field = "compute.max_gpus" if slots == spec.compute.max_gpus else "compute.workers"
-        more = f"give at least {brackets}, or "
+    if (devices or spec.compute.workers) >= brackets:  # compute.max_gpus caps them
+        field, more = "compute.max_gpus", f"give at least {brackets}, or "
+    elif not devices:
+        field, more = "compute.workers", f"give at least {brackets}, or "
     else:  # the machine's CUDA devices: no field gives more
         field, more = "scheduler.name", ""
     what = "CUDA devices" if devices else "slots"

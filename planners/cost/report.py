@@ -251,27 +251,23 @@ class PlanReport:
         columns = ["stage", "trials", "resource", f"{self.devices}/trial", "instances"]
         columns += ["market", "interruptions"] if spot else []
         columns += ["start", "end", "cost"]
-        rows = [
-            [
-                row.name,
-                str(row.allocation.trials),
-                f"{row.resource_start:g} → {row.resource_stop:g}",
-                f"{row.allocation.gpus_per_trial:g}",
-                f"{row.allocation.instance_type} × {row.allocation.instances}",
-                *(
-                    [
-                        row.allocation.market,
-                        f"{row.interruptions:.2f}" if row.allocation.market == "spot" else "-",
-                    ]
-                    if spot
-                    else []
-                ),
-                format_duration(row.start_s),
-                format_duration(row.end_s),
-                f"${row.cost_usd:,.2f}",
-            ]
-            for row in self.rows
-        ]
+        rows = []
+        for row in self.rows:
+            on_spot = row.allocation.market == "spot"
+            market = [row.allocation.market, f"{row.interruptions:.2f}" if on_spot else "-"]
+            rows.append(
+                [
+                    row.name,
+                    str(row.allocation.trials),
+                    f"{row.resource_start:g} → {row.resource_stop:g}",
+                    f"{row.allocation.gpus_per_trial:g}",
+                    f"{row.allocation.instance_type} × {row.allocation.instances}",
+                    *(market if spot else []),
+                    format_duration(row.start_s),
+                    format_duration(row.end_s),
+                    f"${row.cost_usd:,.2f}",
+                ]
+            )
         return columns, rows
 
     def summary_lines(self) -> list[str]:
