@@ -11,6 +11,7 @@ import argparse
 import atexit
 import json
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -262,6 +263,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from tasks.profile import measure
 
     _quiet_optuna()
+    # SIGTERM (`timeout`, a service manager) ends it as Ctrl-C does: its calibration run
+    # stopped and its throwaway folder removed, not left behind.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     result = measure(spec, units=args.units, shares=args.shares)
     if not args.no_calibrate:
         from flows.calibrate import calibrate

@@ -142,12 +142,17 @@ def test_a_killed_run_leaves_no_prefect_server(
         assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
 
 
-def test_a_killed_profile_leaves_no_calibration_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_a_killed_profile_leaves_no_calibration_run(tmp_path: Path, how: signal.Signals) -> None:
     """``elastune profile`` runs its calibration jobs as ``elastune run`` children: killed
-    by SIGKILL while one trains, it leaves neither that run nor the run's server."""
-    pids = tmp_path / "pids.log"
+    while one trains, it leaves neither that run nor the run's server; SIGTERM ends it as
+    Ctrl-C does, its throwaway folders removed."""
+    pids, scratch = tmp_path / "pids.log", tmp_path / "tmp"
+    scratch.mkdir()
     sha = {"name": "sha", "eta": 3, "max_resource": 3}
-    env = job_here(tmp_path, "pid_logged_quadratic", sha, ELASTUNE_TEST_PIDS=str(pids))
+    env = job_here(
+        tmp_path, "pid_logged_quadratic", sha, ELASTUNE_TEST_PIDS=str(pids), TMPDIR=str(scratch)
+    )
     profile = start(tmp_path, "profile", env, subprocess.DEVNULL)
     servers: list[int] = []
 
@@ -155,17 +160,22 @@ def test_a_killed_profile_leaves_no_calibration_run(tmp_path: Path) -> None:
         lines = pids.read_text().splitlines() if pids.exists() else []
         return {int(line.split()[0]) for line in lines} - {profile.pid}
 
+    def folders() -> list[Path]:  # the calibration runs' throwaway folders (torch's cache aside)
+        return [folder for folder in scratch.iterdir() if (folder / "job.yaml").exists()]
+
     try:
         assert wait_for(training, 180), "never calibrated"
         (tmp_path / "pids.log.hold").touch()  # the run holds its first epoch from now on
         (run,) = training()
         servers = [pid for pid in children(run) if is_server(pid)]
-        assert servers and alive(run)
-        profile.kill()
-        profile.wait(10)
-        # The run gets SIGTERM, and SIGKILL 5 s later; its server stops with it.
+        assert servers and alive(run) and folders()
+        profile.send_signal(how)
+        assert profile.wait(15) == (1 if how == signal.SIGTERM else -how)
+        # SIGKILL: the run gets SIGTERM from its watchdog, and SIGKILL 5 s later.
         assert wait_for(lambda: not alive(run), 20), "calibration run left"
         assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
+        if how == signal.SIGTERM:
+            assert not folders()
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(profile.pid, signal.SIGKILL)
