@@ -260,19 +260,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
     folder = Path(args.out).resolve().parent if args.out else None
     if folder is not None and not folder.is_dir():  # found before minutes of measuring
         raise UsageError(f"--out {args.out}: folder {folder} does not exist")
-    from tasks.profile import measure
-
     _quiet_optuna()
     # SIGTERM (`timeout`, a service manager) ends it as Ctrl-C does: its calibration run
     # stopped and its throwaway folder removed, not left behind.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    result = measure(spec, units=args.units, shares=args.shares)
-    if not args.no_calibrate:
-        from flows.calibrate import calibrate
-
-        # A slot's unit time and the overheads, measured through the real flow, anchor the
-        # in-process timings (docs/cli.md, profile).
-        result["profile"], result["calibration_walls_s"] = calibrate(spec, result["profile"])
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        result = _measure(spec, args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if args.out:
         Path(args.out).write_text(profile_yaml(result["profile"]))
 
@@ -282,6 +277,21 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     _emit(result, args.json, human)
     return 0
+
+
+def _measure(spec: JobSpec, args: argparse.Namespace) -> dict[str, Any]:
+    """Units timed in this process, then calibrated by small real runs (unless
+    ``--no-calibrate``)."""
+    from tasks.profile import measure
+
+    result = measure(spec, units=args.units, shares=args.shares)
+    if not args.no_calibrate:
+        from flows.calibrate import calibrate
+
+        # A slot's unit time and the overheads, measured through the real flow, anchor the
+        # in-process timings (docs/cli.md, profile).
+        result["profile"], result["calibration_walls_s"] = calibrate(spec, result["profile"])
+    return result
 
 
 def profile_yaml(profile: dict[str, Any]) -> str:
