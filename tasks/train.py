@@ -337,10 +337,11 @@ def _train(
 
 def _within_limit(limit: float | None, call: Callable[[], None]) -> None:
     """``call()`` within ``limit`` seconds. The limit is raised into the call's thread at
-    its next line of Python, so it cannot end a call blocked inside C (a hung collective, a
-    data loader waiting on a dead process): the call runs in a daemon thread of its own,
-    left behind ``GIVE_UP_GRACE_SECONDS`` past the limit (:class:`SegmentBlocked`), where it
-    holds up neither this segment, nor the thread pool it came from, nor the process's exit.
+    its next line of Python, so it cannot end a call blocked inside C (a CUDA call that
+    never returns, a data loader waiting on a dead process): the call runs in a daemon
+    thread of its own, left behind ``GIVE_UP_GRACE_SECONDS`` past the limit
+    (:class:`SegmentBlocked`), where it holds up neither this segment, nor the thread pool
+    it came from, nor the process's exit.
     The limit interrupts the trainable's own code only: ctx shields its writes to MLflow."""
     if limit is None:
         call()

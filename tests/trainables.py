@@ -82,8 +82,8 @@ def numpy_checkpoint_for_small_x(config: dict, ctx: TrialContext) -> None:
 
 def leaves_a_thread(config: dict, ctx: TrialContext) -> None:
     """:func:`logged_quadratic`, leaving a thread (not a daemon) that outlives the job;
-    except trial 0: blocked in a C call for an hour (a hung collective, say), which no
-    limit raised in its thread can interrupt."""
+    except trial 0: blocked in a C call for an hour (a CUDA call that never returns, say),
+    which no limit raised in its thread can interrupt."""
     if ctx.trial == 0:
         time.sleep(3600)
     threading.Thread(target=time.sleep, args=(3600,), name="left-by-a-trial").start()
