@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import threading
 from typing import Any
 
 from flows.pools import Launched, PoolTarget
@@ -21,7 +22,7 @@ from flows.signals import HeldSignals
 from planners.search.schedulers.base import Segment
 from planners.spec import SpecError
 from planners.staging.devices import LocalDevices
-from tasks.train import JobRef, SegmentReport, train_segment
+from tasks.train import JobRef, SegmentReport, release_devices, train_segment
 
 
 class Launcher:
@@ -39,6 +40,9 @@ class Launcher:
         self.pool = pool
         # Which of the devices each running trial holds (local jobs with CUDA only).
         self.assigned = None if pool is not None or devices is None else LocalDevices(devices)
+        # A trainable left running past its segment frees its devices from its own thread.
+        self._assigning = threading.Lock()
+        self._run_ids: dict[int, str] = {}  # the run of each trial holding devices
         self._flight: dict[Launched, Segment] = {}
         self._done: queue.SimpleQueue[Launched] = queue.SimpleQueue()
         # Held in the driver's ``with launcher.signals:`` block, delivered in next_report.
@@ -54,7 +58,11 @@ class Launcher:
         """Start ``segment`` at its width (``segment.gpus``), on ``instance_type`` in a
         planned job on a work pool."""
         if self.pool is None:
-            ids = None if self.assigned is None else self.assigned.take(segment.trial, segment.gpus)
+            ids = None
+            if self.assigned is not None:
+                with self._assigning:
+                    ids = self.assigned.take(segment.trial, segment.gpus)
+                self._run_ids[segment.trial] = run_id
             future = train_segment.submit(self.ref, segment, config, run_id, ids)
         else:
             # The driver's own limit too, for a node or flow run that hangs as a whole.
@@ -69,7 +77,8 @@ class Launcher:
             future = self._done.get()
         segment = self._flight.pop(future)
         if self.assigned is not None:
-            self.assigned.release(segment.trial)
+            run_id = self._run_ids.pop(segment.trial)
+            release_devices(self.assigned, self._assigning, segment.trial, run_id)
         try:
             return segment, future.result()
         except WorkerLost as exc:  # every retry lost its worker

@@ -50,7 +50,7 @@ from infra.warm_nodes import HEARTBEAT_SECONDS, Node
 from planners.search import Segment
 from planners.staging.devices import LocalDevices
 from planners.staging.placement import fits
-from tasks.train import JobRef, cuda_devices, run_segment
+from tasks.train import JobRef, cuda_devices, release_devices, run_segment
 
 FLOW_NAME = "train-segment"
 
@@ -129,8 +129,7 @@ def warm_segment(
             run_segment(job, segment, config, run_id, gpu_ids=ids)
         finally:
             if _devices is not None:
-                with _devices_lock:
-                    _devices.release(segment.trial)
+                release_devices(_devices, _devices_lock, segment.trial, run_id)
 
 
 def keyed(segment_task: Task[..., Any], key: str) -> Task[..., Any]:

@@ -42,6 +42,7 @@ from prefect.utilities.timeout import timeout as time_limit
 
 from planners.search.schedulers.base import Result, Segment
 from planners.spec import JobSpec, SpecError
+from planners.staging.devices import LocalDevices
 from planners.staging.widths import FALLBACK_HINT, profile_widths, width_problem
 from tasks.context import TrialContext, mix
 from tasks.distributed import DistContext, DistributedError, run_distributed
@@ -291,7 +292,41 @@ GIVE_UP_GRACE_SECONDS = 5.0
 
 
 class SegmentBlocked(SegmentTimeout):
-    """The trainable was still running ``GIVE_UP_GRACE_SECONDS`` past its limit."""
+    """The trainable was still running ``GIVE_UP_GRACE_SECONDS`` past its limit, in
+    ``thread``."""
+
+    def __init__(self, message: str, thread: threading.Thread):
+        super().__init__(message)
+        self.thread = thread
+
+
+# Trainables left behind in a C call, by their trial's run id, while they still run: the
+# GPU memory they hold is still taken (release_devices).
+_left_behind: dict[str, threading.Thread] = {}
+
+
+def release_devices(devices: LocalDevices, lock: threading.Lock, trial: int, run_id: str) -> None:
+    """``trial``'s segment (of run ``run_id``) ended: its devices are free again, or, where
+    it left its trainable behind in a C call (:func:`_within_limit`), once that returns:
+    until then what it holds on them is still taken. ``lock`` guards ``devices``."""
+    thread = _left_behind.pop(run_id, None)
+    with lock:
+        if thread is None or not thread.is_alive():
+            devices.release(trial)
+            return
+        key = devices.set_aside(trial)
+    _logger().warning(
+        "trial %d: its trainable still runs in a C call; the devices it trained on count "
+        "as taken until it returns",
+        trial,
+    )
+
+    def release_when_done() -> None:
+        thread.join()
+        with lock:
+            devices.release(key)
+
+    threading.Thread(target=release_when_done, name=f"{thread.name}-devices", daemon=True).start()
 
 
 def _train(
@@ -323,7 +358,11 @@ def _train(
     try:
         _within_limit(job.segment_timeout, lambda: trainable(dict(config), ctx))
     except SegmentTimeout as exc:
-        blocked = isinstance(exc, SegmentBlocked)
+        if isinstance(exc, SegmentBlocked):
+            blocked = True
+            for gone in [r for r, t in _left_behind.items() if not t.is_alive()]:
+                del _left_behind[gone]  # nobody asked: a segment without devices
+            _left_behind[run_id] = exc.thread
         return ctx, timeout_reason(job.segment_timeout)
     except (Exception, SystemExit) as exc:  # a trainable's sys.exit() ends its trial alone
         error = "".join(traceback.format_exception_only(exc)).strip()
@@ -361,7 +400,7 @@ def _within_limit(limit: float | None, call: Callable[[], None]) -> None:
     thread.start()
     thread.join(limit + GIVE_UP_GRACE_SECONDS)
     if thread.is_alive():
-        raise SegmentBlocked(f"still running {GIVE_UP_GRACE_SECONDS:g} s past {limit:g} s")
+        raise SegmentBlocked(f"still running {GIVE_UP_GRACE_SECONDS:g} s past {limit:g} s", thread)
     if raised:
         raise raised[0]
 

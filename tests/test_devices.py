@@ -15,6 +15,7 @@ import flows.compiled
 import tasks.train
 from flows.cli import main
 from planners.staging import LocalDevices
+from tests import trainables
 
 
 def test_segments_get_the_least_loaded_devices() -> None:
@@ -81,6 +82,43 @@ def test_a_local_job_gives_concurrent_segments_different_devices(
     overlapping = overlaps(calls)
     assert overlapping, "no two segments ran at once"
     assert all(a[2] != b[2] for a, b in overlapping)
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_a_trainable_left_in_a_c_call_keeps_its_device_until_it_returns(
+    tmp_path, stores, capsys, monkeypatch, caplog
+) -> None:
+    """Trial 0's segment ends at its limit while its trainable stays blocked in C, holding
+    what it put on its device: the next trials train on the other device."""
+    monkeypatch.setattr(flows.compiled, "cuda_devices", lambda: 2)
+    monkeypatch.setattr(tasks.train, "GIVE_UP_GRACE_SECONDS", 0.5)
+    given: dict[int, tuple[int, ...]] = {}
+    real = tasks.train.run_segment
+
+    def recording(job, segment, config, run_id, device=None, gpu_ids=None, spool=False):
+        given[segment.trial] = tuple(gpu_ids)
+        return real(job, segment, config, run_id, device, gpu_ids, spool)
+
+    monkeypatch.setattr(tasks.train, "run_segment", recording)
+    job = {
+        "name": "left-behind",
+        "trainable": "tests.trainables:blocked_in_trial_0",
+        "metric": "val_accuracy",
+        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
+        "scheduler": {"name": "random", "max_resource": 1, "max_trials": 3},
+        "compute": {"workers": 1, "segment_timeout": "1s"},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    try:
+        code = main(["run", str(path), "--json", *stores])
+    finally:
+        trainables.UNBLOCK.set()
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["trials"] == 3
+    assert given == {0: (0,), 1: (1,), 2: (1,)}  # device 0: trial 0's blocked call
+    assert "trial 0: its trainable still runs in a C call" in caplog.text
 
 
 def run_four_segments(tmp_path, stores, capsys, trainable: str) -> int:

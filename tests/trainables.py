@@ -90,6 +90,19 @@ def leaves_a_thread(config: dict, ctx: TrialContext) -> None:
     logged_quadratic(config, ctx)
 
 
+# Set by a test to let :func:`blocked_in_trial_0`'s trial 0 return.
+UNBLOCK = threading.Event()
+
+
+def blocked_in_trial_0(config: dict, ctx: TrialContext) -> None:
+    """:func:`quadratic`, except trial 0: blocked in a C call (a CUDA call that does not
+    return, say) until :data:`UNBLOCK` is set, then gone without a word."""
+    if ctx.trial == 0:
+        UNBLOCK.wait()
+        return
+    quadratic(config, ctx)
+
+
 def wrong_metric(config: dict, ctx: TrialContext) -> None:
     for _ in ctx.range(ctx.restore()):
         ctx.report(accuracy=0.5)
