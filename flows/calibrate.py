@@ -138,8 +138,8 @@ def run_elsewhere(job: JobSpec, folder: Path) -> float:
     path.write_text(yaml.safe_dump(job.model_dump(mode="json")))
     command = [sys.executable, "-m", "flows.cli", "run", str(path), "--json"]
     with subprocess.Popen(command, stdout=PIPE, stderr=PIPE, text=True) as run:
-        # A profile killed, even by SIGKILL, leaves no run of its own running.
-        stand_down = watchdog(run.pid)
+        # A profile killed, even by SIGKILL, leaves no run of its own running, nor its folder.
+        stand_down = watchdog(run.pid, leftovers=[folder])
         try:
             out, err = run.communicate()
         except BaseException:  # Ctrl-C: as subprocess.run does

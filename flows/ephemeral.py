@@ -39,7 +39,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from infra.prefect_app import FACTORY
@@ -73,8 +73,12 @@ SERVER_ENV = {
     **NO_BLOCK_REGISTRATION,
 }
 # The watchdog: wait for end-of-file on stdin, then stop the process (SIGTERM, then SIGKILL
-# if it still runs 5 s later). $0 is its pid.
-WATCHDOG = "cat >/dev/null; kill -TERM $0 2>/dev/null; sleep 5; kill -KILL $0 2>/dev/null"
+# if it still runs 5 s later), then remove what it leaves behind. $0 is its pid, $@ those
+# folders.
+WATCHDOG = (
+    "cat >/dev/null; kill -TERM $0 2>/dev/null; sleep 5; kill -KILL $0 2>/dev/null;"
+    ' [ $# -eq 0 ] || { sleep 1; rm -rf -- "$@"; }'
+)
 
 # Imported while the server starts, as long as it does: MLflow's SQL store (a job's
 # tracker builds one), and torch's compiler, which every torch.optim optimizer imports
@@ -188,13 +192,16 @@ def start_server() -> tuple[int, subprocess.Popen, Callable[[], None]]:
     return port, server, stop
 
 
-def watchdog(pid: int) -> Callable[[], None]:
-    """Stop the child ``pid`` when this process dies, however it dies (SIGKILL included):
-    a watchdog (``sh``) holds the read end of a pipe only this process writes to. Returns
+def watchdog(pid: int, leftovers: Sequence[Path] = ()) -> Callable[[], None]:
+    """Stop the child ``pid`` when this process dies, however it dies (SIGKILL included),
+    and then remove the folders ``leftovers`` (what this process would have removed): a
+    watchdog (``sh``) holds the read end of a pipe only this process writes to. Returns
     the function that stands it down, to be called before the child is reaped, so that it
     never signals a pid the system reused."""
     dog = subprocess.Popen(
-        ["sh", "-c", WATCHDOG, str(pid)], stdin=subprocess.PIPE, start_new_session=True
+        ["sh", "-c", WATCHDOG, str(pid), *map(str, leftovers)],
+        stdin=subprocess.PIPE,
+        start_new_session=True,
     )
 
     def stand_down() -> None:
