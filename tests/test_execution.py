@@ -48,6 +48,7 @@ def test_auto_packs_a_distributed_trainable_with_a_speedup() -> None:
     assert execution.mode.to_dict() == {
         "planned": False,
         "limits": None,
+        "unplanned": None,
         "packed": True,
         "workers": "GPUs",
     }
@@ -58,6 +59,22 @@ def test_auto_does_not_pack_what_would_not_gain() -> None:
     execution = execution_plan(parse_job(job()), distributed=False)
     assert execution.admission == WorkerCap(2)
     assert str(execution.mode) == "mode: not planned, not packed, workers = segments"
+
+
+@pytest.mark.parametrize(
+    ("sections", "why"),
+    [
+        ({"scheduler": ASHA}, "asha is asynchronous, the cost planner plans sha and hyperband"),
+        ({"profile": None}, "the job has no profile, `elastune profile` measures one"),
+    ],
+    ids=["asynchronous", "no profile"],
+)
+def test_a_budget_left_unplanned_says_why(sections: dict, why: str) -> None:
+    data = job(**{**PLANNED, "budget": {"deadline": "2h", "max_cost_usd": 9}, **sections})
+    mode = execution_plan(parse_job(data), distributed=False).mode
+    assert mode.limits is None
+    assert mode.unplanned == f"budget.deadline and budget.max_cost_usd not planned to: {why}"
+    assert str(mode).startswith(f"mode: not planned ({mode.unplanned}), ")
 
 
 def test_off_never_packs() -> None:
@@ -183,6 +200,7 @@ def test_run_prints_the_mode_once_and_puts_it_in_json(tmp_path, stores, capsys) 
     assert summary["mode"] == {
         "planned": False,
         "limits": None,
+        "unplanned": None,
         "packed": False,
         "workers": "segments",
     }

@@ -51,14 +51,19 @@ class ExecutionMode:
         packed: Whether stages are packed onto their GPUs by width (Fluid).
         workers: What ``compute.workers`` counts: ``segments``, ``GPUs``, or why it is
             not used.
+        unplanned: Why a job with a deadline or a budget is not planned; None: it is, or
+            has neither.
     """
 
     limits: str | None
     packed: bool
     workers: str
+    unplanned: str | None = None
 
     def __str__(self) -> str:
         planned = f"planned ({self.limits})" if self.limits else "not planned"
+        if self.unplanned:
+            planned += f" ({self.unplanned})"
         packed = "packed (fluid)" if self.packed else "not packed"
         return f"mode: {planned}, {packed}, workers = {self.workers}"
 
@@ -66,6 +71,7 @@ class ExecutionMode:
         return {
             "planned": self.limits is not None,
             "limits": self.limits,
+            "unplanned": self.unplanned,
             "packed": self.packed,
             "workers": self.workers,
         }
@@ -142,7 +148,8 @@ def execution_plan(
         admission = StageSlots(plan)
     else:
         admission = WorkerCap(spec.compute.workers)
-    mode = ExecutionMode(limits, packer is not None, _workers(spec, limits, packer))
+    workers = _workers(spec, limits, packer)
+    mode = ExecutionMode(limits, packer is not None, workers, _unplanned(spec, plan is not None))
     return ExecutionPlan(plan, admission, mode, report)
 
 
@@ -166,6 +173,21 @@ def _limits(spec: JobSpec) -> str | None:
         return None
     limits = [] if deadline is None else [f"deadline {format_duration(deadline)}"]
     return ", ".join([*limits, *([] if budget is None else [f"budget ${budget:,.2f}"])])
+
+
+def _unplanned(spec: JobSpec, staged: bool) -> str | None:
+    """Why the cost planner leaves a job with a deadline or a budget unplanned; None when
+    it plans it, or the job has neither."""
+    asked = [k for k, v in spec.budget.model_dump().items() if v is not None]
+    if not asked:
+        return None
+    ignored = " and ".join(f"budget.{k}" for k in asked) + " not planned to"
+    if not staged:
+        name = spec.scheduler.name
+        return f"{ignored}: {name} is asynchronous, the cost planner plans sha and hyperband"
+    if spec.profile is None:
+        return f"{ignored}: the job has no profile, `elastune profile` measures one"
+    return None
 
 
 def _packer(
