@@ -360,8 +360,10 @@ def _train(
     except SegmentTimeout as exc:
         if isinstance(exc, SegmentBlocked):
             blocked = True
-            for gone in [r for r, t in _left_behind.items() if not t.is_alive()]:
-                del _left_behind[gone]  # nobody asked: a segment without devices
+            # Those nobody asked for (segments without devices) go once their call ends.
+            for gone, thread in list(_left_behind.items()):  # a copy: segments run side by side
+                if not thread.is_alive():
+                    _left_behind.pop(gone, None)
             _left_behind[run_id] = exc.thread
         return ctx, timeout_reason(job.segment_timeout)
     except (Exception, SystemExit) as exc:  # a trainable's sys.exit() ends its trial alone

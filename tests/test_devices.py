@@ -85,13 +85,14 @@ def test_a_local_job_gives_concurrent_segments_different_devices(
 
 
 @pytest.mark.usefixtures("prefect_api")
-def test_a_trainable_left_in_a_c_call_keeps_its_device_until_it_returns(
+def test_a_trainable_left_in_a_c_call_keeps_its_device_taken(
     tmp_path, stores, capsys, monkeypatch, caplog
 ) -> None:
     """Trial 0's segment ends at its limit while its trainable stays blocked in C, holding
     what it put on its device: the next trials train on the other device."""
     monkeypatch.setattr(flows.compiled, "cuda_devices", lambda: 2)
     monkeypatch.setattr(tasks.train, "GIVE_UP_GRACE_SECONDS", 0.5)
+    trainables.UNBLOCK.clear()
     given: dict[int, tuple[int, ...]] = {}
     real = tasks.train.run_segment
 
