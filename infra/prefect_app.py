@@ -80,6 +80,7 @@ def build_routes(app: FastAPI) -> None:
     that matches no route walks them all. It runs in a thread of its own: uvicorn calls
     the factory in its event loop."""
     import asyncio
+    import contextlib
     import threading
 
     async def request_nothing() -> None:
@@ -104,7 +105,9 @@ def build_routes(app: FastAPI) -> None:
         async def send(message: dict[str, Any]) -> None:
             pass
 
-        await app(scope, receive, send)
+        # Routes not built now are built on their first request, as without it.
+        with contextlib.suppress(Exception):
+            await app(scope, receive, send)
 
     thread = threading.Thread(target=asyncio.run, args=(request_nothing(),))
     thread.start()
