@@ -61,24 +61,12 @@ def test_bad_use_is_refused() -> None:
 def test_a_local_job_gives_concurrent_segments_different_devices(
     tmp_path, stores, capsys, monkeypatch
 ) -> None:
-    # A machine with two CUDA devices, as the driver sees it; training itself stays on the
-    # CPU here (run_segment ignores device ids without CUDA), so record what it was given.
-    monkeypatch.setattr(flows.compiled, "cuda_devices", lambda: 2)
+    calls = two_devices_recorded(monkeypatch)
     monkeypatch.setenv("ELASTUNE_TEST_PIDS", str(tmp_path / "pids.log"))
     monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.3")
-    calls: list[tuple[float, float, tuple[int, ...]]] = []
-    real = tasks.train.run_segment
-
-    def recording(job, segment, config, run_id, device=None, gpu_ids=None, spool=False):
-        began = time.monotonic()
-        report = real(job, segment, config, run_id, device, gpu_ids, spool)
-        calls.append((began, time.monotonic(), tuple(gpu_ids)))
-        return report
-
-    monkeypatch.setattr(tasks.train, "run_segment", recording)
     assert run_four_segments(tmp_path, stores, capsys, "pid_logged_quadratic") == 4
     assert len(calls) == 4
-    assert {ids for _, _, ids in calls} == {(0,), (1,)}
+    assert {ids for _, _, ids, _ in calls} == {(0,), (1,)}
     overlapping = overlaps(calls)
     assert overlapping, "no two segments ran at once"
     assert all(a[2] != b[2] for a, b in overlapping)
@@ -90,55 +78,66 @@ def test_a_trainable_left_in_a_c_call_keeps_its_device_taken(
 ) -> None:
     """Trial 0's segment ends at its limit while its trainable stays blocked in C, holding
     what it put on its device: the next trials train on the other device."""
-    monkeypatch.setattr(flows.compiled, "cuda_devices", lambda: 2)
+    calls = two_devices_recorded(monkeypatch)
     monkeypatch.setattr(tasks.train, "GIVE_UP_GRACE_SECONDS", 0.5)
     trainables.UNBLOCK.clear()
-    given: dict[int, tuple[int, ...]] = {}
+    scheduler = {"name": "random", "max_resource": 1, "max_trials": 3}
+    try:
+        summary = run_job(
+            tmp_path, stores, capsys, "blocked_in_trial_0", scheduler, 1, segment_timeout="1s"
+        )
+    finally:
+        trainables.UNBLOCK.set()
+    assert summary["trials"] == 3
+    given = {trial: ids for _, _, ids, trial in calls}
+    assert given == {0: (0,), 1: (1,), 2: (1,)}  # device 0: trial 0's blocked call
+    assert "trial 0: its trainable still runs in a C call" in caplog.text
+
+
+def two_devices_recorded(monkeypatch) -> list[tuple[float, float, tuple[int, ...], int]]:
+    """A machine with two CUDA devices, as the driver sees it; training itself stays on the
+    CPU here (run_segment ignores device ids without CUDA), so each segment's begin, end,
+    device ids and trial are recorded as it ends."""
+    monkeypatch.setattr(flows.compiled, "cuda_devices", lambda: 2)
+    calls: list[tuple[float, float, tuple[int, ...], int]] = []
     real = tasks.train.run_segment
 
     def recording(job, segment, config, run_id, device=None, gpu_ids=None, spool=False):
-        given[segment.trial] = tuple(gpu_ids)
-        return real(job, segment, config, run_id, device, gpu_ids, spool)
+        began = time.monotonic()
+        report = real(job, segment, config, run_id, device, gpu_ids, spool)
+        calls.append((began, time.monotonic(), tuple(gpu_ids), segment.trial))
+        return report
 
     monkeypatch.setattr(tasks.train, "run_segment", recording)
-    job = {
-        "name": "left-behind",
-        "trainable": "tests.trainables:blocked_in_trial_0",
-        "metric": "val_accuracy",
-        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-        "scheduler": {"name": "random", "max_resource": 1, "max_trials": 3},
-        "compute": {"workers": 1, "segment_timeout": "1s"},
-    }
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    try:
-        code = main(["run", str(path), "--json", *stores])
-    finally:
-        trainables.UNBLOCK.set()
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    assert json.loads(out)["trials"] == 3
-    assert given == {0: (0,), 1: (1,), 2: (1,)}  # device 0: trial 0's blocked call
-    assert "trial 0: its trainable still runs in a C call" in caplog.text
+    return calls
 
 
 def run_four_segments(tmp_path, stores, capsys, trainable: str) -> int:
     """Run 4 one-segment trials of ``tests.trainables.<trainable>``, 2 at once; the segments
     the job reports."""
+    scheduler = {"name": "random", "max_resource": 2, "max_trials": 4}
+    return run_job(tmp_path, stores, capsys, trainable, scheduler, 2)["segments"]
+
+
+def run_job(
+    tmp_path, stores, capsys, trainable: str, scheduler: dict, workers: int, **compute: str
+) -> dict:
+    """``elastune run`` of ``tests.trainables.<trainable>`` with ``scheduler``, ``workers``
+    segments at once and the rest of ``compute``; its summary."""
     job = {
         "name": "devices",
         "trainable": f"tests.trainables:{trainable}",
         "metric": "val_accuracy",
         "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-        "scheduler": {"name": "random", "max_resource": 2, "max_trials": 4},
-        "compute": {"workers": 2},
+        "scheduler": scheduler,
+        "compute": {"workers": workers, **compute},
     }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
     code = main(["run", str(path), "--json", *stores])
     out, err = capsys.readouterr()
     assert code == 0, err
-    return json.loads(out)["segments"]
+    return json.loads(out)
 
 
 def overlaps(spans: list[tuple]) -> list[tuple[tuple, tuple]]:
