@@ -14,8 +14,9 @@ from flows.cli import main
 from flows.pools import PoolSizer
 from infra.sizing import CapacityError, Demand, PoolBackend, Sizer, SizingRecord
 from planners.execution import execution_plan
+from planners.execution.compile import _check_in_flight
 from planners.search.schedulers.base import Segment
-from planners.spec import SpecError, parse_job
+from planners.spec import MAX_WORKERS, SpecError, parse_job
 from planners.staging.admission import StageSlots, WorkerCap
 from planners.staging.plan import Plan, Stage
 from planners.staging.stagepack import StagePacker
@@ -279,6 +280,22 @@ def test_a_cost_plan_wider_than_one_driver_keeps_in_flight_is_bad_input() -> Non
     )
     with pytest.raises(SpecError, match=r"^compute\.max_gpus: the cost plan runs 600 segments"):
         execution_plan(spec, distributed=False)
+
+
+def test_brackets_side_by_side_count_together_in_flight() -> None:
+    # Hyperband's brackets run at once: 300 + 250 segments, each bracket under the cap.
+    def stage(bracket: int, rung: int, slots: int) -> Stage:
+        return Stage(bracket, rung, slots, rung, rung + 1, slots=slots, instance_type="g5.xlarge")
+
+    side_by_side = Plan((stage(0, 0, 300), stage(0, 1, 100), stage(1, 0, 250)), workers=2)
+    with pytest.raises(SpecError) as error:
+        _check_in_flight(side_by_side)
+    assert str(error.value) == (
+        "compute.max_gpus: the cost plan runs up to 550 segments at once (its brackets side "
+        f"by side: b0-r0 300, b1-r0 250), more than the {MAX_WORKERS} a job keeps in flight; "
+        f"set compute.max_gpus to {MAX_WORKERS} or less"
+    )
+    _check_in_flight(Plan((stage(0, 0, 300), stage(1, 0, 212)), workers=2))  # 512: fits
 
 
 # --- the pool checked for every stage before the first is sized ----------------------------

@@ -154,15 +154,26 @@ def execution_plan(
 
 
 def _check_in_flight(plan: Plan) -> None:
-    """Bad input when a stage of the cost plan runs more segments at once than one driver
-    keeps in flight: the rest would wait for its threads, unseen by the plan."""
-    widest = max(plan.stages, key=lambda s: s.slots or 0)
-    if (widest.slots or 0) > MAX_WORKERS:
-        raise SpecError(
-            f"compute.max_gpus: the cost plan runs {widest.slots} segments of stage "
-            f"b{widest.bracket}-r{widest.rung} at once, more than the {MAX_WORKERS} a job "
-            f"keeps in flight; set compute.max_gpus to {MAX_WORKERS} or less"
-        )
+    """Bad input when the cost plan may run more segments at once than one driver keeps
+    in flight: the rest would wait for its threads, unseen by the plan. Brackets run side
+    by side, each one stage at a time, so the most at once is the sum of each bracket's
+    widest stage."""
+    widest: dict[int, Stage] = {}
+    for stage in sorted(plan.stages, key=lambda s: s.slots or 0):
+        widest[stage.bracket] = stage  # sorted: the widest comes last
+    at_once = sum(stage.slots or 0 for stage in widest.values())
+    if at_once <= MAX_WORKERS:
+        return
+    if len(widest) == 1:
+        (only,) = widest.values()
+        where = f"{at_once} segments of stage {only.name} at once"
+    else:
+        named = ", ".join(f"{s.name} {s.slots}" for s in widest.values() if s.slots)
+        where = f"up to {at_once} segments at once (its brackets side by side: {named})"
+    raise SpecError(
+        f"compute.max_gpus: the cost plan runs {where}, more than the {MAX_WORKERS} a job "
+        f"keeps in flight; set compute.max_gpus to {MAX_WORKERS} or less"
+    )
 
 
 def _limits(spec: JobSpec) -> str | None:
