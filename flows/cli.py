@@ -214,13 +214,13 @@ def _print_plan(report: Any) -> None:
     from rich.console import Console
 
     console = Console()
-    columns, rows = report.to_table()
     title = f"{report.planner} plan"
     wide = console.options.update_width(10_000)  # what the table needs, whatever the screen
-    # Bordered, then compact with whole headers, then with headers folded: the first that
-    # fits the screen (an 80-column terminal gets the second for an on-demand plan).
-    for fold in (None, 100, 4):
-        table = _table(title, columns, rows, fold)
+    # Bordered, then compact, then with a header folded, then a spot plan's two market
+    # columns as one: the first that fits the screen (an 80-column terminal gets the
+    # second for an on-demand plan, the last for a spot plan).
+    for fold, narrow in ((None, False), (False, False), (True, False), (True, True)):
+        table = _table(title, *report.to_table(narrow), fold)
         if console.measure(table, options=wide).maximum <= console.width:
             break
     # Every value whole: a screen narrower than the last table gets it wider than itself.
@@ -230,11 +230,9 @@ def _print_plan(report: Any) -> None:
         console.print(line, highlight=False)
 
 
-def _table(title: str, columns: list[str], rows: list[list[str]], fold: int | None) -> Any:
-    """A rich table; with ``fold``: no borders, each column as wide as its longest value or
-    ``fold`` characters of its header if wider, its header folded to fit."""
-    import textwrap
-
+def _table(title: str, columns: list[str], rows: list[list[str]], fold: bool | None) -> Any:
+    """A rich table; ``fold`` not None: compact (no borders, no padding), and when True each
+    header wider than its column's values folded after a slash (``GPUs/`` over ``trial``)."""
     from rich import box
     from rich.table import Table
 
@@ -245,8 +243,12 @@ def _table(title: str, columns: list[str], rows: list[list[str]], fold: int | No
     else:
         table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0))
         for i, column in enumerate(columns):
-            width = max(min(fold, len(column)), *(len(row[i]) for row in rows))
-            table.add_column("\n".join(textwrap.wrap(column, width)), min_width=width)
+            width = max(len(row[i]) for row in rows)
+            if fold and len(column) > width and "/" in column:
+                column = column.replace("/", "/\n")
+            # Values and headers whole: a screen too narrow gets a table wider than itself.
+            width = max(width, *(len(line) for line in column.splitlines()))
+            table.add_column(column, min_width=width)
     for row in rows:
         table.add_row(*row)
     return table

@@ -244,17 +244,23 @@ class PlanReport:
         devices, or ``compute.workers`` on a CPU), a catalog's types have GPUs."""
         return "slots" if set(self.catalog.instance_types) == {LOCAL} else "GPUs"
 
-    def to_table(self) -> tuple[list[str], list[list[str]]]:
+    def to_table(self, narrow: bool = False) -> tuple[list[str], list[list[str]]]:
         """Column names and rows of the stage table, as strings for a rich Table; the market
-        and interruptions columns only when a stage runs on spot."""
+        and interruptions columns only when a stage runs on spot. ``narrow``: one ``spot``
+        column (``yes`` or ``-``) instead of those two, for an 80-column screen (the lines
+        under the table give the interruptions of the whole run)."""
         spot = any(row.allocation.market == "spot" for row in self.rows)
         columns = ["stage", "trials", "resource", f"{self.devices}/trial", "instances"]
-        columns += ["market", "interruptions"] if spot else []
+        if spot:
+            columns += ["spot"] if narrow else ["market", "interruptions"]
         columns += ["start", "end", "cost"]
         rows = []
         for row in self.rows:
             on_spot = row.allocation.market == "spot"
-            market = [row.allocation.market, f"{row.interruptions:.2f}" if on_spot else "-"]
+            if narrow:
+                market = ["yes" if on_spot else "-"]
+            else:
+                market = [row.allocation.market, f"{row.interruptions:.2f}" if on_spot else "-"]
             rows.append(
                 [
                     row.name,
