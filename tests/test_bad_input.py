@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from flows.cli import main
+from planners.spec import SpecError, parse_job
 
 # Every case leaves nothing new in MLflow or Optuna (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("unchanged_stores")
@@ -24,7 +25,11 @@ GOOD = {
 
 
 def edit(path: str, value: object) -> dict:
-    job = yaml.safe_load(yaml.safe_dump(GOOD))
+    return edit_of(GOOD, path, value)
+
+
+def edit_of(original: dict, path: str, value: object) -> dict:
+    job = yaml.safe_load(yaml.safe_dump(original))
     *parents, leaf = path.split(".")
     node = job
     for part in parents:
@@ -126,6 +131,32 @@ def test_bad_override(override, field, tmp_path, stores, capsys) -> None:
     path.write_text(yaml.safe_dump(GOOD))
     code = main(["run", str(path), "--set", override, *stores])
     assert_rejected(capsys, code, field, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"scheduler.etaa": 3}, "scheduler.etaa: not a field here; did you mean eta?"),
+        ({"space.x.hihg": 3}, "space.x.hihg: not a field here; did you mean high?"),
+        (
+            {"scheduler.name": "hyperband", "scheduler.max_trials": 9},
+            "scheduler.max_trials: not a field of scheduler hyperband (its fields: eta, "
+            "min_resource, max_resource, name)",
+        ),
+        ({"colour": "red"}, "colour: not a field of the job (its fields: name, trainable, "),
+        (
+            {"profile": {"seconds_per_unit": {1: 1.0}, "seconds": 3}},
+            "profile.seconds: not a field here; did you mean seconds_per_unit?",
+        ),
+    ],
+)
+def test_an_unknown_field_is_told_the_known_ones(changes: dict, message: str) -> None:
+    job = GOOD
+    for path, value in changes.items():
+        job = edit_of(job, path, value)
+    with pytest.raises(SpecError) as error:
+        parse_job(job, "job.yaml")
+    assert str(error.value).startswith(f"job.yaml: {message}")
 
 
 def test_unknown_command_and_option(capsys) -> None:

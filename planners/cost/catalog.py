@@ -170,7 +170,7 @@ def parse_catalog(data: str | Mapping[str, Any], source: str = "catalog") -> Cat
     try:
         return Catalog.model_validate(fields)
     except ValidationError as exc:
-        raise SpecError(format_error(exc, source)) from None
+        raise SpecError(format_error(exc, source, Catalog)) from None
 
 
 def read_catalog(path: str | Path | None = None) -> Catalog:

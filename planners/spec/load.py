@@ -17,11 +17,13 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from planners.spec.model import JobSpec, SpecError
 from planners.spec.space import check_sampler
@@ -80,8 +82,9 @@ def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> J
     return parse_job(data, str(path))
 
 
-def format_error(error: ValidationError, source: str) -> str:
-    """Pydantic's first error as one line naming the field's path in ``source``."""
+def format_error(error: ValidationError, source: str, model: type[BaseModel] = JobSpec) -> str:
+    """Pydantic's first error as one line naming the field's path in ``source`` (validated
+    as ``model``); an unknown field is told the fields that are known there."""
     first = error.errors()[0]
     # Drop pydantic's union tags ("float", "sha") so the path reads like the YAML; the
     # key right under ``space`` is a parameter's name, whatever it is.
@@ -91,4 +94,62 @@ def format_error(error: ValidationError, source: str) -> str:
     kept = [p for i, p in enumerate(loc) if p not in tags or (i > 0 and loc[i - 1] == "space")]
     path = ".".join(kept) or "<root>"
     message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = _unknown(loc, model)
     return f"{source}: {path}: {message}"
+
+
+def _unknown(loc: list[str], model: type[BaseModel]) -> str:
+    """What to say of the field at ``loc`` that ``model`` does not know: the nearest known
+    name, else the known names."""
+    known = _fields_at(loc[:-1], model)
+    near = difflib.get_close_matches(loc[-1], known, n=1)
+    if near:
+        return f"not a field here; did you mean {near[0]}?"
+    if not known:
+        return "not a field here"
+    where = " ".join(loc[:-1]) or "the job"
+    return f"not a field of {where} (its fields: {', '.join(known)})"
+
+
+def _fields_at(loc: list[str], model: type[BaseModel]) -> list[str]:
+    """The field names of the model at pydantic's ``loc`` (union tags included) under
+    ``model``; none where the path leads to no model."""
+    node: Any = model
+    for part in loc:
+        node = _step(node, part)
+    found = _step(node, None)
+    return list(found.model_fields) if found is not None else []
+
+
+def _step(node: Any, part: str | None) -> Any:
+    """Where ``part`` of a path leads from ``node`` (a model, a type annotation or None);
+    ``part`` None: the model ``node`` stands for, if one."""
+    origin, args = get_origin(node), get_args(node)
+    if origin is Annotated:
+        return _step(args[0], part)
+    if origin is dict:
+        return args[1] if part is not None else None  # ``part``: a key, as under ``space``
+    if origin in (Union, UnionType):
+        members = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        tagged = [m for m in members if part in _tags(m)]
+        if tagged:  # a tagged union: ``part`` is the tag, the next part a field
+            return tagged[0]
+        return _step(members[0], part) if len(members) == 1 else None
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        if part is None:
+            return node
+        field = node.model_fields.get(part)
+        return None if field is None else field.annotation
+    return None
+
+
+def _tags(model: type[BaseModel]) -> set[str]:
+    """The values ``model``'s literal fields take: its tag in a tagged union."""
+    fields = model.model_fields.values()
+    return {
+        str(v)
+        for f in fields
+        if get_origin(f.annotation) is Literal
+        for v in get_args(f.annotation)
+    }
