@@ -83,31 +83,14 @@ def build_routes(app: FastAPI) -> None:
     import contextlib
     import threading
 
+    import httpx
+
     async def request_nothing() -> None:
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "GET",
-            "scheme": "http",
-            "path": "/api/elastune-builds-the-routes",
-            "raw_path": b"/api/elastune-builds-the-routes",
-            "root_path": "",
-            "query_string": b"",
-            "headers": [(b"host", b"127.0.0.1")],
-            "client": ("127.0.0.1", 0),
-            "server": ("127.0.0.1", 0),
-        }
-
-        async def receive() -> dict[str, Any]:
-            return {"type": "http.request", "body": b"", "more_body": False}
-
-        async def send(message: dict[str, Any]) -> None:
-            pass
-
-        # Routes not built now are built on their first request, as without it.
-        with contextlib.suppress(Exception):
-            await app(scope, receive, send)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            # Routes not built now are built on their first request, as without it.
+            with contextlib.suppress(Exception):
+                await client.get("/api/elastune-builds-the-routes")
 
     thread = threading.Thread(target=asyncio.run, args=(request_nothing(),))
     thread.start()
