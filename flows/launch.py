@@ -42,15 +42,14 @@ class Launcher:
         self.assigned = None if pool is not None or devices is None else LocalDevices(devices)
         # A trainable left running past its segment frees its devices from its own thread.
         self._assigning = threading.Lock()
-        self._run_ids: dict[int, str] = {}  # the run of each trial holding devices
-        self._flight: dict[Launched, Segment] = {}
+        self._flight: dict[Launched, tuple[Segment, str]] = {}  # and its trial's run id
         self._done: queue.SimpleQueue[Launched] = queue.SimpleQueue()
         # Held in the driver's ``with launcher.signals:`` block, delivered in next_report.
         self.signals = HeldSignals()
 
     @property
     def running(self) -> list[Segment]:
-        return list(self._flight.values())
+        return [segment for segment, _ in self._flight.values()]
 
     def submit(
         self, segment: Segment, config: dict[str, Any], run_id: str, instance_type: str | None
@@ -62,22 +61,20 @@ class Launcher:
             if self.assigned is not None:
                 with self._assigning:
                     ids = self.assigned.take(segment.trial, segment.gpus)
-                self._run_ids[segment.trial] = run_id
             future = train_segment.submit(self.ref, segment, config, run_id, ids)
         else:
             # The driver's own limit too, for a node or flow run that hangs as a whole.
             timeout = self.ref.segment_timeout
             future = self.pool.submit(self.ref, segment, config, run_id, instance_type, timeout)
-        self._flight[future] = segment
+        self._flight[future] = (segment, run_id)
         future.add_done_callback(self._done.put)
 
     def next_report(self) -> tuple[Segment, SegmentReport]:
         """Wait for the next segment to finish; it and its report."""
         with self.signals.delivered():
             future = self._done.get()
-        segment = self._flight.pop(future)
+        segment, run_id = self._flight.pop(future)
         if self.assigned is not None:
-            run_id = self._run_ids.pop(segment.trial)
             release_devices(self.assigned, self._assigning, segment.trial, run_id)
         try:
             return segment, future.result()
