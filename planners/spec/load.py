@@ -114,34 +114,37 @@ def _unknown(loc: list[str], model: type[BaseModel]) -> str:
 
 def _fields_at(loc: list[str], model: type[BaseModel]) -> list[str]:
     """The field names of the model at pydantic's ``loc`` (union tags included) under
-    ``model``; none where the path leads to no model."""
+    ``model``; none where the path leads to no one model."""
     node: Any = model
     for part in loc:
         node = _step(node, part)
-    found = _step(node, None)
-    return list(found.model_fields) if found is not None else []
+    models = _models(node)
+    return list(models[0].model_fields) if len(models) == 1 else []
 
 
-def _step(node: Any, part: str | None) -> Any:
-    """Where ``part`` of a path leads from ``node`` (a model, a type annotation or None);
-    ``part`` None: the model ``node`` stands for, if one."""
-    origin, args = get_origin(node), get_args(node)
-    if origin is Annotated:
-        return _step(args[0], part)
-    if origin is dict:
-        return args[1] if part is not None else None  # ``part``: a key, as under ``space``
-    if origin in (Union, UnionType):
-        members = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
-        tagged = [m for m in members if part in _tags(m)]
-        if tagged:  # a tagged union: ``part`` is the tag, the next part a field
-            return tagged[0]
-        return _step(members[0], part) if len(members) == 1 else None
-    if isinstance(node, type) and issubclass(node, BaseModel):
-        if part is None:
-            return node
-        field = node.model_fields.get(part)
-        return None if field is None else field.annotation
-    return None
+def _step(node: Any, part: str) -> Any:
+    """Where ``part`` of a path leads from ``node`` (a type annotation; None: nowhere)."""
+    bare = _bare(node)
+    if get_origin(bare) is dict:
+        return get_args(bare)[1]  # ``part`` is a key, as a parameter's name under ``space``
+    models = _models(node)
+    tagged = [m for m in models if part in _tags(m)]
+    if tagged:  # a tagged union: ``part`` is the tag, the next part a field
+        return tagged[0]
+    field = models[0].model_fields.get(part) if len(models) == 1 else None
+    return None if field is None else field.annotation
+
+
+def _models(node: Any) -> list[type[BaseModel]]:
+    """The models ``node`` stands for: itself, or the members of a union (``X | None``)."""
+    bare = _bare(node)
+    members = get_args(bare) if get_origin(bare) in (Union, UnionType) else (bare,)
+    return [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+
+
+def _bare(node: Any) -> Any:
+    """``node`` without ``Annotated``'s metadata."""
+    return get_args(node)[0] if get_origin(node) is Annotated else node
 
 
 def _tags(model: type[BaseModel]) -> set[str]:
