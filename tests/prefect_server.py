@@ -23,11 +23,19 @@ __all__ = ["prefect_api", "running_server", "running_worker", "segment_runs", "w
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One real server for the session; this process's Prefect client talks to it."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     home = tmp_path_factory.mktemp("prefect-home")
     with running_server(home) as api, temporary_settings({PREFECT_API_URL: api}):
-        yield api
+        try:
+            yield api
+        finally:
+            # Logs and events still queued go while the server is up: left to Prefect's
+            # exit hook, they find it gone ("Error logging to API" after the last test).
+            APILogWorker.drain_all()
+            EventsWorker.drain_all()
 
 
 def segment_runs(job_id: str, warm: bool = False) -> list:
