@@ -64,8 +64,8 @@ class InFlight:
     @classmethod
     def of(cls, job: Job) -> InFlight | None:
         """The re-planner of a job the cost planner sized; None for any other job."""
-        execution, report = job.execution, job.execution.report
-        if report is None or report.planner != "rubberband" or execution.mode.packed:
+        report = job.execution.report
+        if report is None or not job.execution.mode.replanned:
             return None
         return cls(job, report)
 

@@ -51,6 +51,7 @@ def test_auto_packs_a_distributed_trainable_with_a_speedup() -> None:
         "limits": None,
         "unplanned": None,
         "packed": True,
+        "replanned": False,
         "workers": "GPUs",
     }
 
@@ -129,7 +130,7 @@ def test_a_planned_job_admits_by_its_stage_slots() -> None:
     assert isinstance(execution.admission, StageSlots)
     assert execution.plan is not None and all(s.slots for s in execution.plan.stages)
     assert str(execution.mode) == (
-        "mode: planned (deadline 2h), not packed, "
+        "mode: planned (deadline 2h), not packed, re-planned in flight, "
         "workers = not used (the cost plan sets each stage's concurrency)"
     )
 
@@ -146,7 +147,8 @@ def test_a_planned_job_packs_its_stages_or_finds_a_width_it_cannot_run() -> None
     execution = execution_plan(spec, distributed=True)
     assert isinstance(execution.admission, StagePacker)
     assert execution.plan is not None and max(s.gpus_per_trial for s in execution.plan.stages) > 1
-    assert str(execution.mode).startswith("mode: planned (deadline 1h), packed (fluid)")
+    mode = "mode: planned (deadline 1h), packed (fluid), not re-planned,"
+    assert str(execution.mode).startswith(mode)
     # The same plan for a trainable that is not data-parallel: bad input before anything runs.
     with pytest.raises(SpecError, match=r"plan stage b0-r\d: trainable: .*distributed"):
         execution_plan(spec, distributed=False)
@@ -203,6 +205,7 @@ def test_run_prints_the_mode_once_and_puts_it_in_json(tmp_path, stores, capsys) 
         "limits": None,
         "unplanned": None,
         "packed": False,
+        "replanned": False,
         "workers": "segments",
     }
     lines = [line for line in err.splitlines() if line.startswith("mode:")]
@@ -232,7 +235,8 @@ def test_plan_prints_the_mode_run_would_give(tmp_path, capsys) -> None:
     assert main(["plan", write(tmp_path, job(**PLANNED)), "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["stages"]
-    assert err.strip().splitlines()[-1].startswith("mode: planned (deadline 2h), not packed")
+    mode = err.strip().splitlines()[-1]
+    assert mode.startswith("mode: planned (deadline 2h), not packed, re-planned in flight,")
 
 
 @pytest.mark.parametrize("spot", [False, True])

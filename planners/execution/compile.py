@@ -10,8 +10,8 @@ CUDA devices of a local worker and the instance catalog, and decides:
 * the admission policy (:mod:`planners.staging.admission`): the stage packer when the job packs
   (``compute.packing``: ``auto`` packs where the profile says it pays, ``on`` insists,
   ``off`` never), else the plan's stage slots when planned, else ``compute.workers``;
-* the :class:`ExecutionMode` a user reads: planned or not, packed or not, and what
-  ``compute.workers`` counts.
+* the :class:`ExecutionMode` a user reads: planned or not, packed or not, re-planned in
+  flight or not (a planned job, unless packed), and what ``compute.workers`` counts.
 
 Example (an asynchronous job: nothing to plan or pack, ``compute.workers`` segments at once):
     >>> from planners.spec import parse_job
@@ -53,19 +53,25 @@ class ExecutionMode:
             not used.
         unplanned: Why a job with a deadline or a budget is not planned; None: it is, or
             has neither.
+        replanned: Whether the running job re-plans the stages left from its own segments
+            (``flows/replan.py``): a planned job whose stages are not packed (the stage
+            packer sets its widths itself).
     """
 
     limits: str | None
     packed: bool
     workers: str
     unplanned: str | None = None
+    replanned: bool = False
 
     def __str__(self) -> str:
         planned = f"planned ({self.limits})" if self.limits else "not planned"
         if self.unplanned:
             planned += f" ({self.unplanned})"
-        packed = "packed (fluid)" if self.packed else "not packed"
-        return f"mode: {planned}, {packed}, workers = {self.workers}"
+        parts = [planned, "packed (fluid)" if self.packed else "not packed"]
+        if self.limits:
+            parts.append("re-planned in flight" if self.replanned else "not re-planned")
+        return f"mode: {', '.join(parts)}, workers = {self.workers}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -73,6 +79,7 @@ class ExecutionMode:
             "limits": self.limits,
             "unplanned": self.unplanned,
             "packed": self.packed,
+            "replanned": self.replanned,
             "workers": self.workers,
         }
 
@@ -149,7 +156,9 @@ def execution_plan(
     else:
         admission = WorkerCap(spec.compute.workers)
     workers = _workers(spec, limits, packer)
-    mode = ExecutionMode(limits, packer is not None, workers, _unplanned(spec, plan is not None))
+    unplanned = _unplanned(spec, plan is not None)
+    replanned = report is not None and report.planner == "rubberband" and packer is None
+    mode = ExecutionMode(limits, packer is not None, workers, unplanned, replanned)
     return ExecutionPlan(plan, admission, mode, report)
 
 
