@@ -7,13 +7,14 @@ the job's :class:`~planners.cost.replan.ProfileEstimate`, and asks the
 moments of every stage: when as many of its segments have finished as run at once (its
 first wave, if it has more) and when it is done (if stages are left). A changed plan sets
 the concurrency, GPUs per trial and instance type of the stages left in the job's
-execution plan, which admission reads. Each decision is told in the flow's log (the
+execution plan, which admission reads (a packed job's stage packer packs a changed stage's
+segments not yet started over its new GPUs). Each decision is told in the flow's log (the
 Story), kept for the plan artifact and the job's summary (``run --json``: ``replanning``),
 and a deadline out of reach sets the parent run's MLflow tag ``elastune.deadline_at_risk``.
 
 Only jobs RubberBand sized are re-planned (a profile, a deadline or a budget, a staged
-scheduler; SEER chooses the trials themselves), and not packed ones, whose stage packer
-sets the widths itself.
+scheduler; SEER chooses the trials themselves): the execution plan's mode says so
+(``ExecutionMode.replanned``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from planners.cost.report import PlanReport, rows_for
 from planners.search.schedulers.base import Segment
 from planners.staging.admission import StageSlots
 from planners.staging.plan import allocate, compile_plan
+from planners.staging.stagepack import StagePacker
 
 AT_RISK_TAG = "elastune.deadline_at_risk"
 
@@ -140,7 +142,9 @@ class InFlight:
         execution = self.job.execution
         assert execution.plan is not None
         plan = allocate(execution.plan, [row.allocation for row in rows])
-        execution = dataclasses.replace(execution, plan=plan, admission=StageSlots(plan))
+        admission = execution.admission
+        assert isinstance(admission, StageSlots | StagePacker)  # a planned job's policies
+        execution = dataclasses.replace(execution, plan=plan, admission=admission.replanned(plan))
         self.job.compiled = dataclasses.replace(self.job.compiled, execution=execution)
 
     def to_dict(self) -> dict[str, Any]:

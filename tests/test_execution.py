@@ -147,7 +147,7 @@ def test_a_planned_job_packs_its_stages_or_finds_a_width_it_cannot_run() -> None
     execution = execution_plan(spec, distributed=True)
     assert isinstance(execution.admission, StagePacker)
     assert execution.plan is not None and max(s.gpus_per_trial for s in execution.plan.stages) > 1
-    mode = "mode: planned (deadline 1h), packed (fluid), not re-planned,"
+    mode = "mode: planned (deadline 1h), packed (fluid), re-planned in flight,"
     assert str(execution.mode).startswith(mode)
     # The same plan for a trainable that is not data-parallel: bad input before anything runs.
     with pytest.raises(SpecError, match=r"plan stage b0-r\d: trainable: .*distributed"):

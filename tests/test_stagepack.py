@@ -97,6 +97,31 @@ def test_a_planned_stage_packs_onto_its_own_slots_times_gpus():
     assert packer.demand(plan.stages[:1]) == (4, 1.0)
 
 
+def test_a_stage_re_planned_in_flight_packs_what_it_has_not_started_over_its_new_gpus():
+    def plan(rung0_slots: int, rung1_slots: int) -> Plan:
+        return Plan(
+            (
+                Stage(0, 0, 8, 0, 1, slots=rung0_slots, instance_type="g5.12xlarge"),
+                Stage(0, 1, 2, 1, 3, slots=rung1_slots, instance_type="g5.12xlarge"),
+            ),
+            workers=2,
+        )
+
+    before = plan(2, 1)
+    packer = StagePacker(before, Profile.from_speeds({2: 1.8}), gpus=2)
+    rung0 = segments(before.stages[0], range(8))
+    running: list[Segment] = []
+    assert admit(packer, rung0[:3], running) == [1.0, 1.0]  # its 2 GPUs: the third waits
+    # Rung 1 re-planned, rung 0 kept: rung 0 goes on as packed, still on 2 GPUs.
+    kept = packer.replanned(plan(2, 2))
+    assert not kept.may_start(rung0[2], running)
+    # Rung 0 re-planned onto 4 GPUs: the two running keep theirs, two more start.
+    wider = packer.replanned(plan(4, 1))
+    assert admit(wider, rung0[2:5], running) == [1.0, 1.0]
+    assert [wider.width(s) for s in rung0[:4]] == [1.0] * 4
+    assert not packer.may_start(rung0[4], rung0[:2])  # the packer before is as it was
+
+
 def test_widths_stay_on_one_node_and_within_the_cap():
     plan = Plan((Stage(0, 0, 1, 0, 1),), workers=8)
     top = segments(plan.stages[0], range(1))

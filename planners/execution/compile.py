@@ -10,8 +10,8 @@ CUDA devices of a local worker and the instance catalog, and decides:
 * the admission policy (:mod:`planners.staging.admission`): the stage packer when the job packs
   (``compute.packing``: ``auto`` packs where the profile says it pays, ``on`` insists,
   ``off`` never), else the plan's stage slots when planned, else ``compute.workers``;
-* the :class:`ExecutionMode` a user reads: planned or not, packed or not, re-planned in
-  flight or not (a planned job, unless packed), and what ``compute.workers`` counts.
+* the :class:`ExecutionMode` a user reads: planned (and so re-planned in flight) or not,
+  packed or not, and what ``compute.workers`` counts.
 
 Example (an asynchronous job: nothing to plan or pack, ``compute.workers`` segments at once):
     >>> from planners.spec import parse_job
@@ -54,8 +54,7 @@ class ExecutionMode:
         unplanned: Why a job with a deadline or a budget is not planned; None: it is, or
             has neither.
         replanned: Whether the running job re-plans the stages left from its own segments
-            (``flows/replan.py``): a planned job whose stages are not packed (the stage
-            packer sets its widths itself).
+            (``flows/replan.py``): a job RubberBand planned.
     """
 
     limits: str | None
@@ -157,7 +156,7 @@ def execution_plan(
         admission = WorkerCap(spec.compute.workers)
     workers = _workers(spec, limits, packer)
     unplanned = _unplanned(spec, plan is not None)
-    replanned = report is not None and report.planner == "rubberband" and packer is None
+    replanned = report is not None and report.planner == "rubberband"
     mode = ExecutionMode(limits, packer is not None, workers, unplanned, replanned)
     return ExecutionPlan(plan, admission, mode, report)
 

@@ -111,5 +111,9 @@ class StageSlots:
     def demand(self, stages: Sequence[Stage]) -> tuple[int, float]:
         return sum(s.slots or 0 for s in stages), max(s.gpus_per_trial for s in stages)
 
+    def replanned(self, plan: Plan) -> StageSlots:
+        """The same policy on ``plan``, the job's stages re-planned in flight."""
+        return StageSlots(plan)
+
     def _stage(self, segment: Segment) -> Stage:
         return self.plan.stage(segment.bracket, segment.rung)

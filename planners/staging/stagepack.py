@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from planners.search import Segment
@@ -152,6 +152,17 @@ class StagePacker:
             return self.gpus - self._used(None) >= self._narrowest - _EPS
         total = sum(self._budget(s) for s in self.plan.stages)
         return total - sum(a.width for a in self._admitted.values()) >= self._narrowest - _EPS
+
+    def replanned(self, plan: Plan) -> StagePacker:
+        """This packer on ``plan``, the same stages re-planned in flight (other nodes, GPUs
+        or instance type): the segments admitted keep their widths, and a stage whose
+        allocation changed packs the segments it has not started over its new GPUs."""
+        packer = replace(self, plan=plan)
+        packer._admitted = dict(self._admitted)
+        for key, group in self._groups.items():
+            kept = self.plan.stage(*key) == plan.stage(*key)
+            packer._groups[key] = _Group(list(group.widths) if kept else [], group.started)
+        return packer
 
     def demand(self, stages: Sequence[Stage]) -> tuple[int, float]:
         """Pool sizing for the ``stages`` now active: (segments at once, GPUs per segment)
