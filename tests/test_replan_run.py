@@ -1,6 +1,6 @@
 """A real local run re-planned in flight (flows/replan.py, docs/algorithms.md §5.8): its
 profile is 2x too optimistic, the static plan would miss the deadline, the re-planned run
-meets it and says why it re-planned."""
+meets it and says why it re-planned; a packed run re-plans its packed stages."""
 
 from __future__ import annotations
 
@@ -69,6 +69,26 @@ def test_a_run_slower_than_its_profile_replans_and_meets_its_deadline(
     assert not replanning["deadline_at_risk"], json.dumps(replanning, indent=1)
     tags = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_run(summary["mlflow_run_id"])
     assert AT_RISK_TAG not in tags.data.tags
+
+
+def test_a_packed_run_faster_than_its_profile_replans_its_packed_stages(
+    tmp_path, stores, capsys, monkeypatch
+) -> None:
+    # Two trials share a slot where the profile says it pays (sharing, so Fluid packs the
+    # stages); the profile is 2x too pessimistic, so a cheaper plan shows up in flight.
+    packed = {
+        **PLANNED,
+        "budget": {"deadline": 40},
+        "profile": {**PLANNED["profile"], "seconds_per_unit": {0.5: 1.4, 1: 1.0}},
+    }
+    monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.5")
+    code, summary, err = run_job(tmp_path, stores, capsys, **packed)
+    assert code == 0, err
+    assert summary is not None
+    assert summary["mode"]["packed"] and summary["mode"]["replanned"]
+    decisions = summary["replanning"]["decisions"]
+    assert any(d["changed"] for d in decisions), json.dumps(decisions, indent=1)
+    assert summary["segments"] == 9 + 3 + 1  # every segment of every stage, re-packed
 
 
 def test_a_replanner_that_fails_leaves_the_job_on_its_plan(
