@@ -146,6 +146,16 @@ def test_the_packer_reads_speeds_relative_to_one_gpu() -> None:
     assert Profile.linear(8).speedup == {1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0}
 
 
+def test_a_share_the_packer_computes_finds_its_timing_as_written() -> None:
+    # sharing reads 0.3333333333 as a third of a GPU, so the packer runs segments at 1/3:
+    # timing them (the re-planner's estimate does, per segment) must find that key.
+    profile = Profile({1: 1.0, 0.3333333333: 2.0})
+    assert profile.sharing == pytest.approx({3: 0.5})
+    assert profile.timing(1 / 3).mean == 2.0
+    with pytest.raises(ProfileError, match=r"no timing for 0\.25 GPUs"):
+        profile.timing(0.25)
+
+
 def test_a_profile_without_one_gpu_cannot_be_packed() -> None:
     profile = Profile({2: 400.0, 4: 225.0})
     assert not profile.packable

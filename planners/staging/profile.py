@@ -345,13 +345,14 @@ class Profile:
 
     def timing(self, g: float, instance: GpuNode | None = None) -> Timing:
         """Seconds per resource unit on ``g`` GPUs of ``instance``'s model."""
-        try:
-            timing = self.timings[float(g)]
-        except KeyError:
+        timing = self.timings.get(float(g))
+        if timing is None:  # a share the packer computes (1/3) against the key as written
+            timing = next((t for k, t in self.timings.items() if math.isclose(k, g)), None)
+        if timing is None:
             raise ProfileError(
                 f"profile.seconds_per_unit: no timing for {g:g} GPUs per trial, which the plan "
                 f"needs (the profile has {_counts(self.timings)})"
-            ) from None
+            )
         if instance is None or self.gpu is None or instance.gpu == self.gpu:
             return timing
         factor = self.gpu_speed.get(instance.gpu)
