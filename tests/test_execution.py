@@ -13,6 +13,7 @@ import yaml
 from flows.cli import main
 from flows.pools import PoolSizer
 from infra.sizing import CapacityError, Demand, PoolBackend, Sizer, SizingRecord
+from planners.cost import read_catalog
 from planners.execution import execution_plan
 from planners.execution.compile import _check_in_flight
 from planners.search.schedulers.base import Segment
@@ -149,6 +150,10 @@ def test_a_planned_job_packs_its_stages_or_finds_a_width_it_cannot_run() -> None
     assert execution.plan is not None and max(s.gpus_per_trial for s in execution.plan.stages) > 1
     mode = "mode: planned (deadline 1h), packed (fluid), re-planned in flight,"
     assert str(execution.mode).startswith(mode)
+    # A re-plan in flight may move a stage to another type: the packer knows every type's
+    # node, not only the types the plan starts on.
+    catalog = read_catalog().instance_types
+    assert execution.admission.node_gpus == {name: t.gpus for name, t in catalog.items()}
     # The same plan for a trainable that is not data-parallel: bad input before anything runs.
     with pytest.raises(SpecError, match=r"plan stage b0-r\d: trainable: .*distributed"):
         execution_plan(spec, distributed=False)

@@ -14,7 +14,7 @@ from planners.cost import plan_job
 from planners.cost.replan import Replanner
 from planners.cost.simulate import PlanSimulator
 from planners.spec import parse_job
-from planners.staging import Profile
+from planners.staging import Profile, StagePacker
 from tests.test_e2e import JOB, run_job
 
 pytestmark = pytest.mark.slow
@@ -71,24 +71,47 @@ def test_a_run_slower_than_its_profile_replans_and_meets_its_deadline(
     assert AT_RISK_TAG not in tags.data.tags
 
 
-def test_a_packed_run_faster_than_its_profile_replans_its_packed_stages(
-    tmp_path, stores, capsys, monkeypatch
-) -> None:
-    # Two trials share a slot where the profile says it pays (sharing, so Fluid packs the
-    # stages); the profile is 2x too pessimistic, so a cheaper plan shows up in flight.
-    packed = {
-        **PLANNED,
-        "budget": {"deadline": 40},
-        "profile": {**PLANNED["profile"], "seconds_per_unit": {0.5: 1.4, 1: 1.0}},
-    }
+# Two trials may share a slot (the profile's 0.5), where it pays: Fluid packs the stages.
+PACKED = {**PLANNED, "profile": {**PLANNED["profile"], "seconds_per_unit": {0.5: 1.4, 1: 1.0}}}
+
+
+def test_a_packed_run_is_replanned_in_flight(tmp_path, stores, capsys, monkeypatch) -> None:
     monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.5")
-    code, summary, err = run_job(tmp_path, stores, capsys, **packed)
+    code, summary, err = run_job(tmp_path, stores, capsys, **PACKED)
     assert code == 0, err
     assert summary is not None
     assert summary["mode"]["packed"] and summary["mode"]["replanned"]
-    decisions = summary["replanning"]["decisions"]
-    assert any(d["changed"] for d in decisions), json.dumps(decisions, indent=1)
-    assert summary["segments"] == 9 + 3 + 1  # every segment of every stage, re-packed
+    assert summary["replanning"]["decisions"]  # made at the first wave and each barrier
+    assert summary["segments"] == 9 + 3 + 1  # every segment of every stage ran
+
+
+def test_a_changed_plan_repacks_a_packed_stage_keeping_what_runs(tmp_path) -> None:
+    from flows.compiled import compile_job
+    from flows.job import Job, new_job_id
+    from flows.replan import InFlight
+
+    stores = {
+        "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
+        "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
+    }
+    spec = parse_job({**PACKED, "tracking": stores})
+    job = Job.create(compile_job(spec), new_job_id(spec.name), [])
+    flight = InFlight.of(job)
+    assert flight is not None
+    packer = job.execution.admission
+    assert isinstance(packer, StagePacker)
+    first = job.loop.next_segment()
+    assert first is not None and packer.may_start(first, [])
+    # One segment in, the job turns out 4x slower than its profile: the plan must change.
+    slower = Profile({0.5: 5.6, 1: 4.0}, overhead_s=OVERHEAD_S, job_overhead_s=JOB_OVERHEAD_S)
+    held = {0: flight.plan.stages[0]}
+    decision = flight.replanner.decide(flight.plan, {(0, 0): 1}, 1.0, 0.0, slower, held)
+    assert decision.changed, decision.describe()
+    flight._apply(decision)
+    repacked = job.execution.admission
+    assert isinstance(repacked, StagePacker) and repacked is not packer
+    assert repacked.plan == job.execution.plan != packer.plan
+    assert repacked.width(first) == packer.width(first)  # the running segment keeps its GPUs
 
 
 def test_a_replanner_that_fails_leaves_the_job_on_its_plan(

@@ -219,9 +219,9 @@ def _packer(
     """The stage packer as ``compute.packing`` asks; ``on`` where it cannot is bad input."""
     if spec.compute.packing == "off":
         return None
-    types = set() if plan is None else {s.instance_type for s in plan.stages} - {None}
-    # Only a planned plan names instance types, and then the catalog was read to plan it.
-    node_gpus = {t: catalog.instance_types[t].gpus for t in types} if catalog else {}
+    # Only a planned plan names instance types, and then the catalog was read to plan it:
+    # every type's node, since a re-plan in flight may move a stage to another type.
+    node_gpus = {name: t.gpus for name, t in catalog.instance_types.items()} if catalog else {}
     packer = stage_packer(spec, plan, distributed=distributed, devices=devices, node_gpus=node_gpus)
     if packer is None and spec.compute.packing == "on":
         raise SpecError(f"compute.packing: on, but {_why_not_packed(spec, plan, distributed)}")
