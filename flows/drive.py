@@ -176,8 +176,11 @@ def run_segments(
         segment, report = launcher.next_report()
         decisions = job.record(segment, report)
         story.decided(decisions)
-        if flight is not None and flight.finished(segment, story) is not None:
+        replan = None if flight is None else flight.finished(segment, story)
+        if replan is not None:
             publish_plan(job, held, flight=flight)
+            if sizer is not None and replan.changed:  # the pool follows the new plan
+                sizer.replanned(job.execution)
         stage = f"stage b{segment.bracket}-r{segment.rung}"
         progress.update(stage, job.best_metric())
         if job.stage_done(segment, decisions):

@@ -220,6 +220,13 @@ class PoolSizer:
         """The stage of ``segment`` has all its results: it no longer holds the pool."""
         self._active.discard((segment.bracket, segment.rung))
 
+    def replanned(self, execution: ExecutionPlan) -> None:
+        """The job was re-planned in flight: from its next sizing on, the pool holds what
+        ``execution`` demands, for the stages running too (a stage re-planned after its
+        first wave keeps its name, and would otherwise count as sized)."""
+        self.execution = execution
+        self._sized = ""
+
 
 @task(
     name="launch-segment",

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -344,6 +345,29 @@ def test_a_later_stage_the_pool_cannot_hold_is_refused_before_the_first_is_sized
     sizer.check()
     sizer.size([segment])
     assert fitting.sized == [part.asked[0]]  # what the check asked is what the stage sizes
+
+
+def test_a_job_re_planned_in_flight_resizes_its_pool_for_the_stage_running() -> None:
+    execution = execution_plan(parse_job(job(**PLANNED)), distributed=False)
+    assert execution.plan is not None
+    first = execution.plan.stages[0]
+    segment = Segment(0, first.start, first.stop, first.rung, first.bracket)
+    part = _Refusing("none")
+    sizer = PoolSizer(PoolBackend("test", [part]), execution, "sha")
+    sizer.size([segment])
+    assert first.slots is not None and [d.slots for d in part.sized] == [first.slots]
+    # After its first wave, the rest of the stage is re-planned to run one more at once.
+    wider = Plan(
+        tuple(
+            replace(s, slots=first.slots + 1) if s == first else s for s in execution.plan.stages
+        ),
+        execution.plan.workers,
+    )
+    sizer.replanned(replace(execution, plan=wider, admission=StageSlots(wider)))
+    sizer.size([])
+    sizer.size([])  # sized once for the new plan, not again while nothing changes
+    assert [d.slots for d in part.sized] == [first.slots, first.slots + 1]
+    assert part.sized[0].stage == part.sized[1].stage == first.name
 
 
 def test_an_asynchronous_job_checks_its_one_pool_size() -> None:
