@@ -181,7 +181,7 @@ class PoolSizer:
         self.execution = execution
         self.scheduler = scheduler
         self._active: set[tuple[int, int]] = set()  # (bracket, rung) of the stages running
-        self._sized = ""
+        self._sized: Demand | None = None  # what the pool was last sized for
 
     def check(self) -> None:
         """Bad input, before anything is sized, if the backend could not size a stage of
@@ -201,13 +201,14 @@ class PoolSizer:
             if not stages:  # between stages with nothing to start: keep the pool as it is
                 return []
         demand = self._demand(stages)
-        if demand.stage == self._sized:  # every change of the active stages is a sizing action
+        # Every change of the active stages, or of what they ask (a re-plan), sizes again.
+        if demand == self._sized:
             return []
         done = self.backend.size(
             demand.stage, demand.slots, demand.gpus_per_trial, demand.instance_type
         )
         self.backend.wait_ready(timeout=600)
-        self._sized = demand.stage
+        self._sized = demand
         return done
 
     def _demand(self, stages: list[Stage]) -> Demand:
@@ -222,10 +223,8 @@ class PoolSizer:
 
     def replanned(self, execution: ExecutionPlan) -> None:
         """The job was re-planned in flight: from its next sizing on, the pool holds what
-        ``execution`` demands, for the stages running too (a stage re-planned after its
-        first wave keeps its name, and would otherwise count as sized)."""
+        ``execution`` demands, for the stages running too."""
         self.execution = execution
-        self._sized = ""
 
 
 @task(
