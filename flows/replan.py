@@ -4,8 +4,9 @@
 :class:`InFlight` times every segment from its start to its report, feeds the seconds to
 the job's :class:`~planners.cost.replan.ProfileEstimate`, and asks the
 :class:`~planners.cost.replan.Replanner` whether to keep the plan of the work left at two
-moments of every stage: when as many of its segments have finished as run at once (its
-first wave, if it has more) and when it is done (if stages are left). A changed plan sets
+moments of every stage: when as many of its segments have finished as started before its
+first one finished (its first wave, if it has more: the stage's slots, or as many segments
+as a packed stage fits on its GPUs) and when it is done (if stages are left). A changed plan sets
 the concurrency, GPUs per trial and instance type of the stages left in the job's
 execution plan, which admission reads (a packed job's stage packer packs a changed stage's
 segments not yet started over its new GPUs). Each decision is told in the flow's log (the
@@ -61,6 +62,7 @@ class InFlight:
         self.decisions: list[tuple[float, Decision]] = []  # (elapsed seconds, decision)
         self._trials = {(s.bracket, s.rung): s.trials for s in self.replanner.stages}
         self._started: dict[tuple[int, float], float] = {}  # (trial, start) -> clock
+        self._first_wave: dict[tuple[int, int], int] = {}  # stage -> segments it began with
         self._spent, self._billed_to = 0.0, 0.0
 
     @classmethod
@@ -77,8 +79,12 @@ class InFlight:
 
     def started(self, segments: list[Segment]) -> None:
         now = time.monotonic()
+        results = self.job.tally.stage_results
         for segment in segments:
             self._started[(segment.trial, segment.start)] = now
+            key = (segment.bracket, segment.rung)
+            if not results.get(key):  # nothing of its stage has finished: its first wave
+                self._first_wave[key] = self._first_wave.get(key, 0) + 1
 
     def finished(self, segment: Segment, story: Story) -> Decision | None:
         """Record a finished segment; re-plan if it ends a first wave or a stage."""
@@ -89,8 +95,9 @@ class InFlight:
             self.estimate.observe(segment.gpus, resource, seconds, first=segment.start == 0)
         stage = self.job.execution.stage(segment)
         assert stage is not None  # a planned job is staged
-        done = self.job.tally.stage_results.get((segment.bracket, segment.rung), 0)
-        wave = done == stage.slots and done < stage.trials
+        key = (segment.bracket, segment.rung)
+        done = self.job.tally.stage_results.get(key, 0)
+        wave = done == self._first_wave.get(key, stage.slots) and done < stage.trials
         if not wave and done != stage.trials:
             return None
         finished = dict(self.job.tally.stage_results)

@@ -114,6 +114,35 @@ def test_a_changed_plan_repacks_a_packed_stage_keeping_what_runs(tmp_path) -> No
     assert repacked.width(first) == packer.width(first)  # the running segment keeps its GPUs
 
 
+def test_a_packed_stage_is_re_planned_when_its_first_wave_has_finished(tmp_path) -> None:
+    from flows.compiled import compile_job
+    from flows.drive import admit
+    from flows.job import Job, new_job_id
+    from flows.replan import InFlight
+
+    stores = {
+        "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
+        "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
+    }
+    # Two trials sharing a GPU train little faster than one: the packer runs the stage's
+    # segments one at a time on the GPU, where the plan priced two slots of half a GPU.
+    shared = {**PACKED["profile"], "seconds_per_unit": {0.5: 1.9, 1: 1.0}}
+    spec = parse_job({**PACKED, "profile": shared, "tracking": stores})
+    job = Job.create(compile_job(spec), new_job_id(spec.name), [])
+    flight = InFlight.of(job)
+    assert flight is not None
+    wave = admit(job, [], [])
+    stage = job.execution.stage(wave[0])
+    assert stage is not None and len(wave) not in (stage.slots, stage.trials)
+    flight.started(wave)
+    asked: list[int] = []
+    flight._decide = lambda finished, story: asked.append(finished[(0, 0)])  # type: ignore[method-assign]
+    for segment in wave:
+        job.tally.count(segment.trial, {"bracket": 0, "rung": 0}, spec.metric)
+        flight.finished(segment, None)  # type: ignore[arg-type]
+    assert asked == [len(wave)]  # once, when all it began with have finished
+
+
 def test_a_replanner_that_fails_leaves_the_job_on_its_plan(
     tmp_path, stores, capsys, monkeypatch, caplog
 ) -> None:
