@@ -114,9 +114,11 @@ def test_a_changed_plan_repacks_a_packed_stage_keeping_what_runs(tmp_path) -> No
     assert repacked.width(first) == packer.width(first)  # the running segment keeps its GPUs
 
 
-def test_a_packed_stage_is_re_planned_when_its_first_wave_has_finished(tmp_path) -> None:
+def test_a_stage_is_re_planned_when_what_it_began_with_has_finished(tmp_path) -> None:
+    # A stage's first wave is what it started before its first segment finished: its slots
+    # for a stage that fills them, as many as fit for a packed stage, which may be fewer
+    # (one segment alone on the GPU where two were priced to share it) or more.
     from flows.compiled import compile_job
-    from flows.drive import admit
     from flows.job import Job, new_job_id
     from flows.replan import InFlight
 
@@ -124,23 +126,20 @@ def test_a_packed_stage_is_re_planned_when_its_first_wave_has_finished(tmp_path)
         "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
         "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
     }
-    # Two trials sharing a GPU train little faster than one: the packer runs the stage's
-    # segments one at a time on the GPU, where the plan priced two slots of half a GPU.
-    shared = {**PACKED["profile"], "seconds_per_unit": {0.5: 1.9, 1: 1.0}}
-    spec = parse_job({**PACKED, "profile": shared, "tracking": stores})
+    spec = parse_job({**PACKED, "tracking": stores})
     job = Job.create(compile_job(spec), new_job_id(spec.name), [])
     flight = InFlight.of(job)
     assert flight is not None
-    wave = admit(job, [], [])
-    stage = job.execution.stage(wave[0])
-    assert stage is not None and len(wave) not in (stage.slots, stage.trials)
-    flight.started(wave)
+    first = job.loop.next_segment()
+    assert first is not None
+    stage = job.execution.stage(first)
+    assert stage is not None and stage.slots == 2
+    flight.started([first])  # the stage began with one segment
     asked: list[int] = []
     flight._decide = lambda finished, story: asked.append(finished[(0, 0)])  # type: ignore[method-assign]
-    for segment in wave:
-        job.tally.count(segment.trial, {"bracket": 0, "rung": 0}, spec.metric)
-        flight.finished(segment, None)  # type: ignore[arg-type]
-    assert asked == [len(wave)]  # once, when all it began with have finished
+    job.tally.count(first.trial, {"bracket": 0, "rung": 0}, spec.metric)
+    flight.finished(first, None)  # type: ignore[arg-type]
+    assert asked == [1]  # its first wave has finished: decide now, not after two
 
 
 def test_a_replanner_that_fails_leaves_the_job_on_its_plan(

@@ -240,3 +240,15 @@ def test_the_measured_gpu_profile_packs_small_trials_onto_one_gpu():
     # Had sharing not paid (each of 2 trials below half speed), one trial at a time.
     slow = {**job, "profile": {"seconds_per_unit": {1: 0.4154, 0.5: 0.9}}}
     assert stage_packer(parse_job(slow), plan, distributed=False, devices=1) is None
+
+
+def test_a_stage_packs_counting_what_each_segment_pays_outside_its_units():
+    # Two trials sharing the one GPU train at 1.9 s a unit each, one alone at 1 s. Nine
+    # 1-unit segments: alone, 9 waves; shared, 5. The overhead every segment pays decides.
+    plan = Plan((Stage(0, 0, 9, 0, 1),), 1)
+    shares = {0.5: 1.9, 1: 1.0}
+    rung0 = segments(plan.stages[0], range(9))
+    lean = StagePacker(plan, Profile(shares), gpus=1)
+    assert admit(lean, rung0, []) == [1.0]  # 9 s against 9.5 s
+    costly = StagePacker(plan, Profile(shares, overhead_s=0.5), gpus=1)
+    assert admit(costly, rung0, []) == [0.5, 0.5]  # 13.5 s against 12 s

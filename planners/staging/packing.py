@@ -53,11 +53,15 @@ def as_width(value: float | Fraction) -> Fraction:
 @dataclass(frozen=True)
 class Work:
     """One segment as the packer sees it: ``resource`` left to train for ``trial``, at
-    ``seconds_per_unit`` per resource unit on one whole GPU (from the profile)."""
+    ``seconds_per_unit`` per resource unit on one whole GPU (from the profile), after
+    ``overhead`` seconds at any width (a staged segment is a task of its own: its start,
+    restore and last checkpoint; Fluid's own trials pay only a restart, the profile's
+    ``overhead_s``)."""
 
     trial: int
     resource: float
     seconds_per_unit: float
+    overhead: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.resource > 0:
@@ -66,6 +70,8 @@ class Work:
             raise ValueError(
                 f"seconds_per_unit of trial {self.trial} must be > 0, got {self.seconds_per_unit}"
             )
+        if not self.overhead >= 0:
+            raise ValueError(f"overhead of trial {self.trial} must be >= 0, got {self.overhead}")
 
     @property
     def seconds(self) -> float:
@@ -410,7 +416,8 @@ class Packer(ABC):
         )
 
     def _start(self, trial: int, width: Fraction, node: int, gpus: tuple[int, ...]) -> Assignment:
-        overhead = self.profile.overhead_s if trial in self._restarts else 0.0
+        restart = self.profile.overhead_s if trial in self._restarts else 0.0
+        overhead = self._work[trial].overhead + restart
         self._restarts.discard(trial)
         self._occupancy.occupy(trial, width, gpus)
         self._running[trial] = _Run(width, node, gpus, self._now, overhead, self._left[trial])

@@ -372,7 +372,12 @@ class Profile:
         timing = self.timing(g, instance)
         work = resource * timing.mean
         sd = math.sqrt(resource * timing.sd**2 + (work * self.segment_cv) ** 2)
-        return self.overhead_s + (self.trial_overhead_s if first else 0.0) + work, sd
+        return self.segment_overhead(first) + work, sd
+
+    def segment_overhead(self, first: bool = False) -> float:
+        """Seconds a segment spends outside its units, at any width; ``first``: the
+        trial's first segment."""
+        return self.overhead_s + (self.trial_overhead_s if first else 0.0)
 
     def units_per_hour(self, g: float, instance: GpuNode | None = None) -> float:
         """Resource one trial trains per hour on ``g`` GPUs: SEER's ``S(g)``."""

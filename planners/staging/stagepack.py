@@ -20,7 +20,9 @@ A running segment keeps its width: a Prefect task cannot be widened in flight, s
 StaticFluid's rule (§6.3), not DynamicFluid's rescaling.
 
 Every segment of a stage trains the same resource, so the group's heights are equal and the
-widths depend on the speedup alone; measured speeds per trial would not change them.
+widths depend on the speedup and on what each segment pays outside its units (the
+profile's overhead, counted per segment: more waves pay it more often); measured speeds per
+trial would not change them.
 
 Example (rung 0: four trials on two GPUs, one GPU each; the top rung's survivor takes both):
     >>> from planners.staging.profile import Profile
@@ -220,9 +222,11 @@ class StagePacker:
         packer = StaticFluid(
             self.profile, gpus, gpus_per_node=node, max_width=widest, max_share=self.max_share
         )
-        # Equal heights: every segment of a stage trains the same resource.
+        # Equal heights: every segment of a stage trains the same resource. Each also pays
+        # the profile's overhead, in units of one GPU's unit time: more waves pay it more.
         count = max(1, stage.trials - started)
-        group = [Work(i, stage.stop - stage.start, 1.0) for i in range(count)]
+        overhead = self.profile.segment_overhead(stage.start == 0) / self.profile.timing(1).mean
+        group = [Work(i, stage.stop - stage.start, 1.0, overhead) for i in range(count)]
         schedule = best_rigid(packer, group)
         order = sorted(schedule.rectangles, key=lambda p: (p.start, -p.width, p.trial))
         return [p.width for p in order]
