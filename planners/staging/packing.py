@@ -96,7 +96,8 @@ Assignments = dict[int, Assignment | None]
 @dataclass(frozen=True)
 class Rectangle:
     """One rectangle of a schedule: ``trial`` ran at ``width`` on ``gpus`` from ``start`` to
-    ``end``, spending its first ``overhead`` seconds restarting."""
+    ``end``, spending its first ``overhead`` seconds outside training (its ``Work.overhead``,
+    and a restart's)."""
 
     trial: int
     width: float
