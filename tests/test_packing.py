@@ -235,6 +235,7 @@ def test_fixed_widths_are_kept():
         ),
         (lambda: Work(0, 0, 1.0), "resource of trial 0 must be > 0"),
         (lambda: Work(0, 1, -1.0), "seconds_per_unit of trial 0 must be > 0"),
+        (lambda: Work(0, 1, 1.0, -0.5), "overhead of trial 0 must be >= 0, got -0.5"),
     ],
 )
 def test_model_values_are_validated(make, message):
