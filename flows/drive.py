@@ -176,7 +176,7 @@ def run_segments(
         segment, report = launcher.next_report()
         decisions = job.record(segment, report)
         story.decided(decisions)
-        replan = None if flight is None else flight.finished(segment, story)
+        replan = None if flight is None else flight.finished(segment, report, story)
         if replan is not None:
             publish_plan(job, held, flight=flight)
             if sizer is not None and replan.changed:  # the pool follows the new plan

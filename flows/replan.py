@@ -1,7 +1,9 @@
 """A planned job re-planned while it runs (docs/algorithms.md §5.8): the driver's side of
 ``planners.cost.replan``.
 
-:class:`InFlight` times every segment from its start to its report, feeds the seconds to
+:class:`InFlight` times every segment from its start to its report (on a work pool, at most
+its own time on its worker plus the profile's overhead: not the wait for a node), feeds the
+seconds to
 the job's :class:`~planners.cost.replan.ProfileEstimate`, and asks the
 :class:`~planners.cost.replan.Replanner` whether to keep the plan of the work left at two
 moments of every stage: when as many of its segments have finished as started before its
@@ -34,6 +36,7 @@ from planners.search.schedulers.base import Segment
 from planners.staging.admission import StageSlots
 from planners.staging.plan import allocate, compile_plan
 from planners.staging.stagepack import StagePacker
+from tasks.train import SegmentReport
 
 AT_RISK_TAG = "elastune.deadline_at_risk"
 
@@ -86,13 +89,15 @@ class InFlight:
             if not results.get(key):  # nothing of its stage has finished: its first wave
                 self._first_wave[key] = self._first_wave.get(key, 0) + 1
 
-    def finished(self, segment: Segment, story: Story) -> Decision | None:
-        """Record a finished segment; re-plan if it ends a first wave or a stage."""
+    def finished(self, segment: Segment, report: SegmentReport, story: Story) -> Decision | None:
+        """Record a finished segment; re-plan if it ends a first wave or a stage. A failed
+        segment says nothing of the speed: it is not timed."""
         began = self._started.pop((segment.trial, segment.start), None)
-        if began is not None:
-            seconds = time.monotonic() - began
+        if began is not None and not report.result.failed:
+            first = segment.start == 0
+            seconds = self._on_worker(time.monotonic() - began, report, first)
             resource = segment.stop - segment.start
-            self.estimate.observe(segment.gpus, resource, seconds, first=segment.start == 0)
+            self.estimate.observe(segment.gpus, resource, seconds, first=first)
         stage = self.job.execution.stage(segment)
         assert stage is not None  # a planned job is staged
         key = (segment.bracket, segment.rung)
@@ -108,6 +113,13 @@ class InFlight:
         except Exception as exc:  # the job runs on fine at its plan: a re-plan only improves it
             story.replan_failed(exc)
             return None
+
+    def _on_worker(self, seen: float, report: SegmentReport, first: bool) -> float:
+        """A segment's seconds as the driver saw them, but at most its own time on its
+        worker plus the profile's overhead: on a work pool the rest waited for a worker (a
+        node starting, a queue, a retry's delay), which the plan counts as startup, not as
+        the speed it learns."""
+        return min(seen, report.result.seconds + self.estimate.prior.segment_overhead(first))
 
     def _decide(self, finished: dict[tuple[int, int], int], story: Story) -> Decision:
         elapsed = time.monotonic() - self.job.began

@@ -5,6 +5,7 @@ meets it and says why it re-planned; a packed run re-plans its packed stages."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -13,8 +14,10 @@ from flows.replan import AT_RISK_TAG
 from planners.cost import plan_job
 from planners.cost.replan import Replanner
 from planners.cost.simulate import PlanSimulator
+from planners.search import Result, Segment
 from planners.spec import parse_job
 from planners.staging import Profile, StagePacker
+from tasks.train import SegmentReport
 from tests.test_e2e import JOB, run_job
 
 pytestmark = pytest.mark.slow
@@ -138,8 +141,44 @@ def test_a_stage_is_re_planned_when_what_it_began_with_has_finished(tmp_path) ->
     asked: list[int] = []
     flight._decide = lambda finished, story: asked.append(finished[(0, 0)])  # type: ignore[method-assign]
     job.tally.count(first.trial, {"bracket": 0, "rung": 0}, spec.metric)
-    flight.finished(first, None)  # type: ignore[arg-type]
+    flight.finished(first, report(first, seconds=1.0), None)  # type: ignore[arg-type]
     assert asked == [1]  # its first wave has finished: decide now, not after two
+
+
+def report(segment: Segment, seconds: float, failed: bool = False) -> SegmentReport:
+    result = Result(segment.trial, segment.stop, 0.5, failed, ((segment.stop, 0.5),), seconds)
+    return SegmentReport(result, ("val_accuracy",))
+
+
+def test_the_speed_learnt_leaves_out_the_wait_for_a_worker(tmp_path) -> None:
+    # On a work pool a segment may wait for a node to start: the driver sees that wait, the
+    # worker does not. The speed learnt is the worker's, plus the profile's overhead.
+    from flows.compiled import compile_job
+    from flows.job import Job, new_job_id
+    from flows.replan import InFlight
+
+    stores = {
+        "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
+        "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
+    }
+    spec = parse_job({**PLANNED, "tracking": stores})
+    job = Job.create(compile_job(spec), new_job_id(spec.name), [])
+    flight = InFlight.of(job)
+    assert flight is not None
+    flight._decide = lambda finished, story: None  # type: ignore[method-assign,assignment]
+    queued, failed = job.loop.next_segment(), job.loop.next_segment()
+    assert queued is not None and failed is not None
+    flight.started([queued, failed])
+    waited = time.monotonic() - 120.0  # submitted two minutes ago, a node started meanwhile
+    flight._started = {key: waited for key in flight._started}
+    unit = EPOCH_S / 2  # what the profile says an epoch takes
+    flight.finished(failed, report(failed, seconds=0.1, failed=True), None)  # type: ignore[arg-type]
+    assert flight.estimate.segments == 0  # a failed segment is not timed
+    # Two epochs' time on the worker: the segment trained at half the profile's speed.
+    flight.finished(queued, report(queued, seconds=2 * unit), None)  # type: ignore[arg-type]
+    assert flight.estimate.segments == 1
+    learnt = flight.estimate.profile().timing(1).mean
+    assert unit < learnt <= 2 * unit  # twice the profile's epoch, shrunk towards it
 
 
 def test_a_replanner_that_fails_leaves_the_job_on_its_plan(

@@ -123,8 +123,7 @@ class ProfileEstimate:
         if not resource > 0:
             return  # a segment that trains nothing says nothing about the speed
         forecast = resource * self.prior.timing(gpus).mean
-        overhead = self.prior.overhead_s + (self.prior.trial_overhead_s if first else 0.0)
-        measured = max(seconds - overhead, 0.0)
+        measured = max(seconds - self.prior.segment_overhead(first), 0.0)
         width = self._widths.setdefault(float(gpus), _Width())
         width.measured += measured
         width.forecast += forecast
