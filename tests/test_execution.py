@@ -153,8 +153,7 @@ def test_a_planned_job_packs_its_stages_or_finds_a_width_it_cannot_run() -> None
     assert str(execution.mode).startswith(mode)
     # A re-plan in flight may move a stage to another type: the packer knows every type's
     # node, not only the types the plan starts on.
-    catalog = read_catalog().instance_types
-    assert execution.admission.node_gpus == {name: t.gpus for name, t in catalog.items()}
+    assert execution.admission.nodes == read_catalog().instance_types
     # The same plan for a trainable that is not data-parallel: bad input before anything runs.
     with pytest.raises(SpecError, match=r"plan stage b0-r\d: trainable: .*distributed"):
         execution_plan(spec, distributed=False)

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from planners.cost.catalog import parse_catalog, read_catalog
 from planners.search import Segment
 from planners.spec import parse_job
 from planners.staging import Plan, Profile, Stage, StagePacker, compile_plan, stage_packer
@@ -84,7 +85,8 @@ def test_a_planned_stage_packs_onto_its_own_slots_times_gpus():
         ),
         workers=2,
     )
-    packer = StagePacker(plan, Profile.linear(4), gpus=2, node_gpus={"p3.8xlarge": 4})
+    nodes = {"p3.8xlarge": read_catalog().get("p3.8xlarge")}
+    packer = StagePacker(plan, Profile.linear(4), gpus=2, nodes=nodes)
     rung0 = segments(plan.stages[0], range(4))
     running: list[Segment] = []
     assert admit(packer, rung0, running) == [1.0] * 4
@@ -252,3 +254,19 @@ def test_a_stage_packs_counting_what_each_segment_pays_outside_its_units():
     assert admit(lean, rung0, []) == [1.0]  # 9 s against 9.5 s
     costly = StagePacker(plan, Profile(shares, overhead_s=0.5), gpus=1)
     assert admit(costly, rung0, []) == [0.5, 0.5]  # 13.5 s against 12 s
+
+
+def test_a_stage_weighs_the_overhead_against_its_own_gpus_unit():
+    # 0.15 s a segment is 0.15 of a unit on the profile's V100, where two sharing a GPU pay
+    # (5 waves x 2.05 = 10.25 s, against 9 x 1.15 = 10.35); on a T4 twice as slow, 0.075 of
+    # one, where one at a time pays (9 x 2.15 = 19.35 s, against 5 x 3.95 = 19.75).
+    stage = Stage(0, 0, 9, 0, 1, gpus_per_trial=0.5, slots=2, instance_type="box")
+    plan = Plan((stage,), 1)
+    profile = Profile({0.5: 1.9, 1: 1.0}, overhead_s=0.15, gpu="V100", gpu_speed={"T4": 0.5})
+    rung0 = segments(stage, range(9))
+    for gpu, widths in (("V100", [0.5, 0.5]), ("T4", [1.0])):
+        box = parse_catalog(
+            {"instance_types": {"box": {"gpus": 1, "gpu": gpu, "price_per_hour": 1.0}}}
+        ).get("box")
+        packer = StagePacker(plan, profile, gpus=1, nodes={"box": box})
+        assert admit(packer, rung0, []) == widths, gpu

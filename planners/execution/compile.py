@@ -221,8 +221,8 @@ def _packer(
         return None
     # Only a planned plan names instance types, and then the catalog was read to plan it:
     # every type's node, since a re-plan in flight may move a stage to another type.
-    node_gpus = {name: t.gpus for name, t in catalog.instance_types.items()} if catalog else {}
-    packer = stage_packer(spec, plan, distributed=distributed, devices=devices, node_gpus=node_gpus)
+    nodes = dict(catalog.instance_types) if catalog else {}
+    packer = stage_packer(spec, plan, distributed=distributed, devices=devices, nodes=nodes)
     if packer is None and spec.compute.packing == "on":
         raise SpecError(f"compute.packing: on, but {_why_not_packed(spec, plan, distributed)}")
     return packer

@@ -25,7 +25,7 @@ profile's overhead, counted per segment: more waves pay it more often); measured
 trial would not change them.
 
 Example (rung 0: four trials on two GPUs, one GPU each; the top rung's survivor takes both):
-    >>> from planners.staging.profile import Profile
+    >>> from planners.staging.profile import GpuNode, Profile
     >>> from planners.staging.plan import Plan, Stage
     >>> plan = Plan((Stage(0, 0, 4, 0, 1), Stage(0, 1, 1, 1, 3)), workers=2)
     >>> packer = StagePacker(plan, Profile.from_speeds({2: 1.8}), gpus=2)
@@ -51,7 +51,7 @@ from planners.spec import JobSpec
 from planners.staging.fluid import StaticFluid, best_rigid
 from planners.staging.packing import Work
 from planners.staging.plan import Plan, Stage
-from planners.staging.profile import Profile
+from planners.staging.profile import GpuNode, Profile
 
 _EPS = 1e-9
 SegmentKey = tuple[int, int, int]  # (bracket, rung, trial): one segment of a synchronous job
@@ -83,7 +83,8 @@ class StagePacker:
         max_width: Most GPUs one segment may use (e.g. the worker's devices, or 1 for a
             trainable that is not data-parallel); default the widest the profile covers.
         gpus_per_node: GPUs per node of the shared pool (a segment's workers stay on one).
-        node_gpus: GPUs per node of each instance type a planned stage runs on.
+        nodes: Each instance type a planned stage may run on (the catalog's): its GPUs per
+            node, and its GPU model's speed.
         max_share: Most segments sharing one GPU; default every count the profile measured.
     """
 
@@ -92,7 +93,7 @@ class StagePacker:
     gpus: int
     max_width: int | None = None
     gpus_per_node: int | None = None
-    node_gpus: Mapping[str, int] = field(default_factory=dict)
+    nodes: Mapping[str, GpuNode] = field(default_factory=dict)
     max_share: int | None = None
     stages_side_by_side: ClassVar[bool] = False
     _groups: dict[tuple[int, int], _Group] = field(default_factory=dict, init=False)
@@ -214,8 +215,9 @@ class StagePacker:
             return [self._narrowest] if free >= self._narrowest - _EPS else None
         gpus = math.floor(free + _EPS)
         node = self.gpus_per_node
-        if stage.slots is not None and stage.instance_type in self.node_gpus:
-            node = self.node_gpus[stage.instance_type]
+        instance = self.nodes.get(stage.instance_type or "") if stage.slots is not None else None
+        if instance is not None:
+            node = instance.gpus
         node = min(gpus, node or gpus)
         cap = min(node, self.max_width or node)
         widest = max(g for g in self.profile.speedup if g <= cap)
@@ -225,7 +227,8 @@ class StagePacker:
         # Equal heights: every segment of a stage trains the same resource. Each also pays
         # the profile's overhead, in units of one GPU's unit time: more waves pay it more.
         count = max(1, stage.trials - started)
-        overhead = self.profile.segment_overhead(stage.start == 0) / self.profile.timing(1).mean
+        unit = self.profile.timing(1, instance).mean  # on the stage's GPU model
+        overhead = self.profile.segment_overhead(stage.start == 0) / unit
         group = [Work(i, stage.stop - stage.start, 1.0, overhead) for i in range(count)]
         schedule = best_rigid(packer, group)
         order = sorted(schedule.rectangles, key=lambda p: (p.start, -p.width, p.trial))
@@ -242,7 +245,7 @@ def stage_packer(
     *,
     distributed: bool,
     devices: int | None = None,
-    node_gpus: Mapping[str, int] | None = None,
+    nodes: Mapping[str, GpuNode] | None = None,
 ) -> StagePacker | None:
     """The job's stage packer, or None where packing changes nothing (no staged plan, no
     profile, or one that gives no width but 1): the flow then admits segments as before.
@@ -252,7 +255,7 @@ def stage_packer(
         plan: Its staged plan (None for asynchronous schedulers).
         distributed: Whether the trainable trains data-parallel (widths above 1).
         devices: CUDA devices of the local worker (None on CPU, where ranks are processes).
-        node_gpus: GPUs per node of each instance type a planned stage runs on.
+        nodes: Each instance type a planned stage may run on (the catalog's).
     """
     if plan is None or spec.profile is None:
         return None
@@ -273,5 +276,5 @@ def stage_packer(
         gpus,
         max_width=max_width,
         gpus_per_node=devices,
-        node_gpus=dict(node_gpus or {}),
+        nodes=dict(nodes or {}),
     )
