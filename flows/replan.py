@@ -106,7 +106,7 @@ class InFlight:
         if not wave and done != stage.trials:
             return None
         finished = dict(self.job.tally.stage_results)
-        if all(finished.get(key, 0) >= trials for key, trials in self._trials.items()):
+        if all(finished.get(k, 0) >= trials for k, trials in self._trials.items()):
             return None
         try:
             return self._decide(finished, story)
