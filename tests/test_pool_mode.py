@@ -186,3 +186,24 @@ def test_pool_mistakes_are_bad_input(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and message in err[-1], err
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "optuna.db").exists()
+
+
+def test_a_planned_job_on_warm_nodes_is_replanned_from_its_segments(
+    prefect_api, tmp_path, stores, capsys, monkeypatch
+) -> None:
+    # The cost planner sizes each stage, and the job re-plans from the segments its nodes
+    # train: their time on the node, not the wait for one.
+    monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.5")
+    monkeypatch.setattr(flows.warm_pool, "_clients", {})
+    profile = {"seconds_per_unit": {1: 0.5}, "overhead_s": 0.5, "job_overhead_s": 3.0}
+    job = write_job(tmp_path, profile=profile, budget={"deadline": 600})
+    with warm_nodes(prefect_api, tmp_path / "cluster", nodes=2, gpus_per_node=1, pool="plans"):
+        code = main(["run", job, "--pool", "plans", "--json", *stores])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["mode"]["planned"] and summary["mode"]["replanned"]
+    assert summary["segments"] == 4 and summary["best"] is not None
+    decisions = summary["replanning"]["decisions"]
+    assert decisions, err  # at the first stage's first wave and its barrier
+    assert not summary["replanning"]["deadline_at_risk"], json.dumps(decisions, indent=1)
