@@ -119,8 +119,8 @@ def test_a_changed_plan_repacks_a_packed_stage_keeping_what_runs(tmp_path) -> No
 
 def test_a_stage_is_re_planned_when_what_it_began_with_has_finished(tmp_path) -> None:
     # A stage's first wave is what it started before its first segment finished: its slots
-    # for a stage that fills them, as many as fit for a packed stage, which may be fewer
-    # (one segment alone on the GPU where two were priced to share it) or more.
+    # for a stage that fills them, or as many as its admission started, should a packed
+    # stage's widths start fewer or more.
     from flows.compiled import compile_job
     from flows.job import Job, new_job_id
     from flows.replan import InFlight
