@@ -3,13 +3,12 @@
 
 :class:`InFlight` times every segment from its start to its report (on a work pool, at most
 its own time on its worker plus the profile's overhead: not the wait for a node), feeds the
-seconds to
-the job's :class:`~planners.cost.replan.ProfileEstimate`, and asks the
+seconds to the job's :class:`~planners.cost.replan.ProfileEstimate`, and asks the
 :class:`~planners.cost.replan.Replanner` whether to keep the plan of the work left at two
 moments of every stage: when as many of its segments have finished as started before its
 first one finished (its first wave, if it has more: the stage's slots, or as many segments
-as a packed stage fits on its GPUs) and when it is done (if stages are left). A changed plan sets
-the concurrency, GPUs per trial and instance type of the stages left in the job's
+as a packed stage fits on its GPUs) and when it is done (if stages are left). A changed
+plan sets the concurrency, GPUs per trial and instance type of the stages left in the job's
 execution plan, which admission reads (a packed job's stage packer packs a changed stage's
 segments not yet started over its new GPUs). Each decision is told in the flow's log (the
 Story), kept for the plan artifact and the job's summary (``run --json``: ``replanning``),

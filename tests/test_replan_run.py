@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.replan import AT_RISK_TAG
+from flows.compiled import compile_job
+from flows.job import Job, new_job_id
+from flows.replan import AT_RISK_TAG, InFlight
 from planners.cost import plan_job
 from planners.cost.replan import Replanner
 from planners.cost.simulate import PlanSimulator
@@ -88,19 +92,22 @@ def test_a_packed_run_is_replanned_in_flight(tmp_path, stores, capsys, monkeypat
     assert summary["segments"] == 9 + 3 + 1  # every segment of every stage ran
 
 
-def test_a_changed_plan_repacks_a_packed_stage_keeping_what_runs(tmp_path) -> None:
-    from flows.compiled import compile_job
-    from flows.job import Job, new_job_id
-    from flows.replan import InFlight
-
+def in_flight(tmp_path: Path, raw: dict[str, Any]) -> tuple[Job, InFlight]:
+    """The job file ``raw`` as its driver holds it (stores, study, runs), and its re-planner,
+    before anything runs."""
     stores = {
         "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
         "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
     }
-    spec = parse_job({**PACKED, "tracking": stores})
+    spec = parse_job({**raw, "tracking": stores})
     job = Job.create(compile_job(spec), new_job_id(spec.name), [])
     flight = InFlight.of(job)
     assert flight is not None
+    return job, flight
+
+
+def test_a_changed_plan_repacks_a_packed_stage_keeping_what_runs(tmp_path) -> None:
+    job, flight = in_flight(tmp_path, PACKED)
     packer = job.execution.admission
     assert isinstance(packer, StagePacker)
     first = job.loop.next_segment()
@@ -121,18 +128,7 @@ def test_a_stage_is_re_planned_when_what_it_began_with_has_finished(tmp_path) ->
     # A stage's first wave is what it started before its first segment finished: its slots
     # for a stage that fills them, or as many as its admission started, should a packed
     # stage's widths start fewer or more.
-    from flows.compiled import compile_job
-    from flows.job import Job, new_job_id
-    from flows.replan import InFlight
-
-    stores = {
-        "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
-        "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
-    }
-    spec = parse_job({**PACKED, "tracking": stores})
-    job = Job.create(compile_job(spec), new_job_id(spec.name), [])
-    flight = InFlight.of(job)
-    assert flight is not None
+    job, flight = in_flight(tmp_path, PACKED)
     first = job.loop.next_segment()
     assert first is not None
     stage = job.execution.stage(first)
@@ -140,7 +136,7 @@ def test_a_stage_is_re_planned_when_what_it_began_with_has_finished(tmp_path) ->
     flight.started([first])  # the stage began with one segment
     asked: list[int] = []
     flight._decide = lambda finished, story: asked.append(finished[(0, 0)])  # type: ignore[method-assign]
-    job.tally.count(first.trial, {"bracket": 0, "rung": 0}, spec.metric)
+    job.tally.count(first.trial, {"bracket": 0, "rung": 0}, job.spec.metric)
     flight.finished(first, report(first, seconds=1.0), None)  # type: ignore[arg-type]
     assert asked == [1]  # its first wave has finished: decide now, not after two
 
@@ -153,18 +149,7 @@ def report(segment: Segment, seconds: float, failed: bool = False) -> SegmentRep
 def test_the_speed_learnt_leaves_out_the_wait_for_a_worker(tmp_path) -> None:
     # On a work pool a segment may wait for a node to start: the driver sees that wait, the
     # worker does not. The speed learnt is the worker's, plus the profile's overhead.
-    from flows.compiled import compile_job
-    from flows.job import Job, new_job_id
-    from flows.replan import InFlight
-
-    stores = {
-        "mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db",
-        "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
-    }
-    spec = parse_job({**PLANNED, "tracking": stores})
-    job = Job.create(compile_job(spec), new_job_id(spec.name), [])
-    flight = InFlight.of(job)
-    assert flight is not None
+    job, flight = in_flight(tmp_path, PLANNED)
     flight._decide = lambda finished, story: None  # type: ignore[method-assign,assignment]
     queued, failed = job.loop.next_segment(), job.loop.next_segment()
     assert queued is not None and failed is not None

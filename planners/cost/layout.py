@@ -88,8 +88,10 @@ def packed(profile: Profile, stage: StagePlan, instance: InstanceType) -> StageP
         gpus_per_node=instance.gpus,
         max_share=max(profile.sharing, default=1),
     )
-    overhead = [profile.segment_overhead(t.start == 0) for t in trials]
-    group = [Work(i, t.resource, unit, overhead[i]) for i, t in enumerate(trials)]
+    group = [
+        Work(i, t.resource, unit, profile.segment_overhead(t.start == 0))
+        for i, t in enumerate(trials)
+    ]
     widths = best_rigid(packer, group).widths
     tiers = []
     for index, tier in enumerate(stage.tiers):

@@ -25,7 +25,7 @@ profile's overhead, counted per segment: more waves pay it more often); measured
 trial would not change them.
 
 Example (rung 0: four trials on two GPUs, one GPU each; the top rung's survivor takes both):
-    >>> from planners.staging.profile import GpuNode, Profile
+    >>> from planners.staging.profile import Profile
     >>> from planners.staging.plan import Plan, Stage
     >>> plan = Plan((Stage(0, 0, 4, 0, 1), Stage(0, 1, 1, 1, 3)), workers=2)
     >>> packer = StagePacker(plan, Profile.from_speeds({2: 1.8}), gpus=2)
