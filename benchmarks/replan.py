@@ -7,11 +7,12 @@ played in ``--worlds`` worlds: one draw of the truth's stragglers and startup de
 (the simulator with one sample and the world's seed), the same draws for the three runs:
 
 - **static**: the plan made with the wrong profile, kept to the end;
-- **re-planned**: the same start; after the first wave of a stage that runs in waves and
-  at each stage barrier, the segments measured so far update a
+- **re-planned**: the start elastune runs, :func:`~planners.cost.recourse.recourse_start`'s
+  plan (its first stage chosen for the re-planning to come); after the first wave of a
+  stage that runs in waves and at each stage barrier, the segments measured so far update a
   :class:`~planners.cost.replan.ProfileEstimate` and a
   :class:`~planners.cost.replan.Replanner` keeps or changes the remaining work;
-- **informed**: the same start and the same moments, each decision made with the true
+- **informed**: the re-planned run's start and moments, each decision made with the true
   profile: what a perfect estimate would buy, a bound on what better estimation can do
   at these moments (a diagnostic);
 - **oracle**: the plan made with the true profile, kept to the end.
@@ -23,9 +24,8 @@ re-planning and without, and the re-planned run's mean cost over the oracle's (g
 >= 95% hit, within 10%). Run: ``python benchmarks/replan.py`` (``--quick``: fewer worlds);
 writes ``benchmarks/results/replan.json``. ``--quantile 0.9``: the re-planner decides at p90
 (the static and oracle plans stay at p95), trading hit rate for cost. ``--first-stage
-recourse``: the re-planned and informed runs start from
-:func:`~planners.cost.recourse.recourse_start`'s plan, whose first stage is chosen knowing
-it will be re-planned after its first wave (writes ``replan_recourse.json``).
+plan``: the re-planned and informed runs start from the static plan instead (writes
+``replan_plan.json``).
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def scenario(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", type=int, default=40, help="worlds per scenario")
+    parser.add_argument("--worlds", type=int, default=80, help="worlds per scenario")
     parser.add_argument("--slack", type=float, default=1.3, help="deadline / fastest p95")
     parser.add_argument("--quick", action="store_true", help="4 worlds per scenario")
     parser.add_argument(
@@ -243,10 +243,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--first-stage",
-        choices=("plan", "recourse"),
-        default="plan",
-        help="what the re-planned runs start from: the static plan, or recourse_start's "
-        "(writes replan_recourse.json)",
+        choices=("recourse", "plan"),
+        default="recourse",
+        help="what the re-planned runs start from: recourse_start's plan (what elastune "
+        "runs), or the static plan (writes replan_plan.json)",
     )
     args = parser.parse_args()
     worlds = 4 if args.quick else args.worlds
@@ -292,8 +292,8 @@ def main() -> None:
     for key, met in targets.items():
         print(f"{'MET   ' if met else 'MISSED'} {key}")
     name = "replan.json" if args.quantile == 0.95 else f"replan_q{args.quantile:g}.json"
-    if args.first_stage == "recourse":
-        name = name.replace("replan", "replan_recourse")
+    if args.first_stage == "plan":
+        name = name.replace("replan", "replan_plan")
     out = Path(__file__).parent / "results" / name
     payload = {
         "benchmark": "re-planning in flight (issue 12)",

@@ -173,7 +173,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from flows.compiled import local_devices
 
     # A job on this machine is planned on its slots: its CUDA devices, else compute.workers.
-    report = plan_job(spec, planner=args.planner, catalog=catalog, devices=local_devices(spec))
+    # As `run` plans it: a job RubberBand plans is re-planned in flight.
+    devices = local_devices(spec)
+    report = plan_job(spec, planner=args.planner, catalog=catalog, devices=devices, replanned=True)
     if args.gantt:
         from planners.cost.gantt import draw_gantt
 

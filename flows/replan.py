@@ -16,7 +16,8 @@ and a deadline out of reach sets the parent run's MLflow tag ``elastune.deadline
 
 Only jobs RubberBand sized are re-planned (a profile, a deadline or a budget, a staged
 scheduler; SEER chooses the trials themselves): the execution plan's mode says so
-(``ExecutionMode.replanned``).
+(``ExecutionMode.replanned``). Their plan starts on a first stage chosen for the re-planning
+where one applies (``plan_job(replanned=True)``, docs/algorithms.md §5.10).
 """
 
 from __future__ import annotations

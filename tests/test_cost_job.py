@@ -126,3 +126,97 @@ def test_unknown_planner_and_default_instance_types() -> None:
     profile = Profile({1.0: 300.0}, gpu="T4")
     report = plan_job(job(compute={}), catalog=CATALOG, profile=profile)
     assert {a.instance_type for a in report.allocations} <= {"x1", "x4"}
+
+
+# --- a job re-planned in flight starts from the recourse start (algorithms §5.10) ---
+
+
+def test_a_replanned_job_starts_on_a_first_stage_chosen_for_the_replanning() -> None:
+    spec = job(budget={"deadline": "40m"})
+    rubberband = plan_job(spec, catalog=CATALOG)
+    report = plan_job(spec, catalog=CATALOG, replanned=True)
+    # RubberBand's first stage runs on the dearer 4-GPU nodes, right only if the profile
+    # is; the start for re-planning runs on single GPUs and still meets the deadline.
+    own, first = rubberband.plan.stages[0], report.plan.stages[0]
+    assert (own.instance_type, own.gpus_label) == ("x4", "2")
+    assert (first.instance_type, first.gpus_label) == ("x1", "1")
+    assert report.feasible and report.outcome.jct_q <= 40 * 60
+    assert report.to_dict()["first_stage"]["rubberband"] == {
+        "instance_type": "x4",
+        "instances": own.instances,
+        "gpus_per_trial": "2",
+        "plan_cost_mean_usd": round(rubberband.outcome.cost_mean, 4),
+    }
+    line = [x for x in report.summary_lines() if x.startswith("first stage:")]
+    assert line == [
+        "first stage: chosen for re-planning after its first wave (recourse start); "
+        f"RubberBand's plan starts on x4 × {own.instances} (2 GPUs per trial), mean cost "
+        f"${rubberband.outcome.cost_mean:,.2f} if the profile is right"
+    ]
+
+
+SPOT = parse_catalog(
+    {
+        "instance_types": {
+            name: {**t, "spot": {"discount": 0.6, "interruptions_per_hour": 0.1}}
+            for name, t in {
+                "x1": {"gpus": 1, "gpu": "T4", "price_per_hour": 0.5},
+                "x4": {"gpus": 4, "gpu": "T4", "price_per_hour": 2.4},
+            }.items()
+        }
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("changes", "catalog"),
+    [
+        ({"budget": {"max_cost_usd": 3}}, CATALOG),  # no deadline to hedge for
+        ({"budget": {"deadline": "40m", "max_cost_usd": 1.5}}, CATALOG),  # over the budget
+        (  # Hyperband: brackets start side by side, not one first stage
+            {
+                "budget": {"deadline": "40m"},
+                "scheduler": {"name": "hyperband", "min_resource": 1, "max_resource": 9},
+            },
+            CATALOG,
+        ),
+        (  # spot: RubberBand's rule for it, which the recourse costing does not model
+            {
+                "budget": {"deadline": "40m"},
+                "compute": {"instance_types": ["x1", "x4"], "max_gpus": 16, "spot": True},
+            },
+            SPOT,
+        ),
+    ],
+)
+def test_where_no_recourse_start_applies_a_replanned_job_starts_as_rubberband(
+    changes: dict, catalog
+) -> None:
+    spec = job(**changes)
+    report = plan_job(spec, catalog=catalog, replanned=True)
+    assert report.plan == plan_job(spec, catalog=catalog).plan
+    assert "first_stage" not in report.to_dict()
+
+
+def test_a_free_plan_starts_as_rubberband() -> None:
+    # Nothing to save: every start costs nothing (this machine at its default price).
+    spec = job(budget={"deadline": "40m"}, compute={"instance_types": ["local"], "workers": 4})
+    report = plan_job(spec, replanned=True)
+    assert report.outcome.cost_mean == 0
+    assert report.plan == plan_job(spec).plan
+    assert "first_stage" not in report.to_dict()
+
+
+def test_a_first_stage_with_too_many_options_starts_as_rubberband_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = job(budget={"deadline": "40m"})
+    monkeypatch.setattr("planners.cost.job.MAX_OPTIONS", 3)
+    report = plan_job(spec, catalog=CATALOG, replanned=True)
+    assert report.plan == plan_job(spec, catalog=CATALOG).plan
+    chosen_for = report.to_dict()["first_stage"]["chosen_for"]
+    assert chosen_for.startswith("the profile alone (RubberBand's): ")
+    assert chosen_for.endswith(
+        "options for the first stage, more than the 3 a start for re-planning is chosen among"
+    )
+    assert f"first stage: chosen for {chosen_for}" in report.summary_lines()

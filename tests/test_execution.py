@@ -301,6 +301,23 @@ def test_brackets_side_by_side_count_together_in_flight() -> None:
     _check_in_flight(Plan((stage(0, 0, 300), stage(1, 0, 212)), workers=2))  # 512: fits
 
 
+def test_plan_starts_a_replanned_job_as_run_does(tmp_path, capsys) -> None:
+    # A cloud job whose deadline RubberBand meets on 4-GPU nodes: re-planned in flight, its
+    # first stage is chosen for that, in `elastune plan` as in the execution plan.
+    sections = {
+        "budget": {"deadline": "20m"},
+        "compute": compute(packing="off", instance_types=["g5.xlarge", "g5.12xlarge"]),
+        "scheduler": {"name": "sha", "eta": 3, "min_resource": 1, "max_resource": 9},
+        "profile": {"seconds_per_unit": {1: 60}, "speedup": {2: 1.8, 4: 3.2}},
+    }
+    assert main(["plan", write(tmp_path, job(**sections)), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    execution = execution_plan(parse_job(job(**sections)), distributed=True)
+    assert execution.report is not None
+    assert shown["first_stage"] == execution.report.to_dict()["first_stage"]
+    assert shown["stages"] == execution.report.to_dict()["stages"]
+
+
 # --- the pool checked for every stage before the first is sized ----------------------------
 
 

@@ -8,8 +8,8 @@ prices; the speed profile they are timed with is :class:`planners.staging.Profil
 ``allocation`` (plans: GPUs per trial, instance type and nodes per stage), ``simulate``
 (``PlanSimulator``: JCT and cost by Monte Carlo, with ``draws``, ``pool``, ``outcome`` and
 ``trace``), the planners ``rubberband`` (with ``sizing``) and ``seer``, the ``baselines``,
-``job`` and ``report`` (a job file in, a report out), and ``replan`` and ``recourse``
-(re-planning in flight, and a first stage chosen for it).
+``replan`` and ``recourse`` (re-planning in flight, and a first stage chosen for it), and
+``job`` and ``report`` (a job file in, a report out).
 
 Example (a small SHA job on the built-in catalog: one GPU per trial on one node is the
 cheapest plan that meets the two-hour deadline):

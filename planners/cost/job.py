@@ -9,6 +9,13 @@ number of trials itself from the scheduler's ``eta``, ``min_resource`` and
 A job on this machine (the local pool, or ``compute.instance_types: [local]``) is planned
 on the ``local`` type (:mod:`planners.cost.local`): its slots, its price, no catalog.
 
+A job that ``elastune run`` re-plans after its first wave (``replanned``: every job
+RubberBand plans, :mod:`flows.replan`) starts from
+:func:`~planners.cost.recourse.recourse_start`'s plan where there is one (one chain, a
+deadline, on-demand, at most :data:`~planners.cost.recourse.MAX_OPTIONS` first-stage
+options, not free): its first stage chosen for the re-planning to come, the rest
+RubberBand's; the report names RubberBand's own first stage, or why the start is its.
+
 ``compute.spot: true`` lets RubberBand put stages on spot instances where that is cheaper
 and the p95 JCT, interruptions included, still meets the deadline. SEER ignores it and
 plans on-demand capacity (the report says so). Static baselines are on-demand pools.
@@ -39,6 +46,8 @@ from planners.cost.baselines import static_baselines
 from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.local import check_brackets, local_catalog, local_slots, plans_local
 from planners.cost.outcome import Outcome
+from planners.cost.recourse import MAX_OPTIONS, NoStart, first_options, recourse_start
+from planners.cost.replan import Replanner
 from planners.cost.report import PlanReport, Problem, format_duration, rows_for
 from planners.cost.rubberband import Move, RubberBand
 from planners.cost.seer import Seer
@@ -86,6 +95,7 @@ def plan_job(
     seed: int = 0,
     packing: bool = False,
     devices: int | None = None,
+    replanned: bool = False,
 ) -> PlanReport:
     """Plan and price ``spec``; the report says if the deadline or budget cannot be met.
 
@@ -102,6 +112,7 @@ def plan_job(
             stage packer): trials take the widths StaticFluid chooses over the stage's
             GPUs instead of the plan's GPUs per trial (``PlanSimulator(packing=True)``).
         devices: CUDA devices of this machine (None: CPU): a local job's slots.
+        replanned: The job is re-planned in flight: start it from the recourse start.
     """
     if planner not in PLANNERS:
         raise SpecError(f"--planner: unknown planner {planner!r} (use rubberband or seer)")
@@ -117,6 +128,8 @@ def plan_job(
     simulator = PlanSimulator(catalog, profile, samples=samples, seed=seed, packing=packing)
     chosen = _rubberband if planner == "rubberband" else _seer
     planned = chosen(spec, simulator, names, max_gpus)
+    if replanned and planner == "rubberband" and not packing:
+        planned = _recourse(spec, simulator, names, max_gpus, planned)
     plan, outcome = planned.plan, planned.outcome
     deadline, budget = spec.budget.deadline, spec.budget.max_cost_usd
     baselines = static_baselines(simulator, plan, names, deadline=deadline, max_gpus=max_gpus)
@@ -174,6 +187,62 @@ def _rubberband(
         }
     details["search"] = {"moves": [_move(m, spot) for m in result.moves]}
     return _Planned(plan, outcome, tuple(problems), details)
+
+
+def _recourse(
+    spec: JobSpec,
+    simulator: PlanSimulator,
+    names: list[str],
+    max_gpus: int | None,
+    planned: _Planned,
+) -> _Planned:
+    """``planned`` (RubberBand's) with its first stage chosen for the re-planning to come,
+    where a recourse start applies and stays within the budget; else ``planned``, the
+    report saying why when the job is too large to choose."""
+    deadline, budget = spec.budget.deadline, spec.budget.max_cost_usd
+    stages = compile_plan(spec).stages
+    free = planned.outcome.cost_mean <= 0  # nothing to save
+    if planned.problems or deadline is None or spec.compute.spot or free:
+        return planned
+    if len(chains_of(stages)) != 1:
+        return planned
+    replanner = Replanner(
+        simulator.catalog,
+        names,
+        stages,
+        deadline=deadline,
+        max_gpus=max_gpus,
+        samples=simulator.samples,
+        seed=simulator.seed,
+    )
+    own = planned.plan.stages[0]
+    details = dict(planned.details)
+    options = len(first_options(replanner, simulator.profile))
+    if options > MAX_OPTIONS:
+        details["first_stage"] = {
+            "chosen_for": (
+                f"the profile alone (RubberBand's): {options} options for the first stage, "
+                f"more than the {MAX_OPTIONS} a start for re-planning is chosen among"
+            )
+        }
+        return planned._replace(details=details)
+    try:
+        plan = recourse_start(replanner, simulator.profile)
+    except NoStart:  # only RubberBand's plan as a whole meets the deadline: keep it
+        return planned
+    outcome = simulator.run(plan)
+    if plan.stages[0] == own or (budget is not None and outcome.cost_q > budget):
+        return planned
+    details["first_stage"] = {
+        "chosen_for": "re-planning after its first wave (recourse start)",
+        "rubberband": {
+            "instance_type": own.instance_type,
+            "instances": own.instances,
+            "gpus_per_trial": own.gpus_label,
+            "plan_cost_mean_usd": round(planned.outcome.cost_mean, 4),
+        },
+    }
+    return _Planned(plan, outcome, planned.problems, details)
 
 
 def _move(move: Move, spot: bool) -> dict[str, object]:

@@ -16,14 +16,14 @@ slow), among those that leave the deadline within reach at every error where Rub
 own first stage does, and whose plan meets the deadline under the profile itself (the
 plan shown is still one that meets it).
 
-Measured on the re-planning benchmark's job (``python benchmarks/replan.py --first-stage
-recourse``; docs/benchmarks.md): 95.0% of the deadlines at 1.14x the cost of the plan that
-knew the true profile (1.09x with the true profile at each decision), against 96.9% at
-1.23x from RubberBand's plan. ``elastune plan`` does not use it: it plans the rest of the
-job for every option under every error, 2-10 s for that job (27 trials, 100 samples) and
-66 s for one of 81 trials on two types (200 samples), against 0.04-0.25 s for RubberBand's
-plan, on a machine running about 1.5x slower than usual. One chain (SHA): a Hyperband
-job's brackets start side by side.
+Measured on the re-planning benchmark's job (``python benchmarks/replan.py``;
+docs/benchmarks.md): 96.3% of the deadlines at 1.14x the cost of the plan that knew the
+true profile (1.09x with the true profile at each decision), against 97.8% at 1.23x from
+RubberBand's plan. It plans the rest of the job for every option under every error: 1-6 s
+for that job (27 trials, 100 samples), 10-30 s for one of 81 trials on two types (200
+samples), against 0.03-0.1 s for RubberBand's plan. So ``plan_job`` uses it for a first
+stage of at most :data:`MAX_OPTIONS` options (:func:`first_options`); a larger one would
+take minutes. One chain (SHA): a Hyperband job's brackets start side by side.
 
 Example (RubberBand's plan runs the first stage on one 4-GPU node, two trials at a time
 on two GPUs each; the recourse start runs five at a time on single-GPU nodes, the
@@ -57,6 +57,16 @@ from planners.cost.replan import ProfileEstimate, Replanner, first_wave, left_to
 from planners.cost.sizing import chains_of
 from planners.staging import Profile, Stage, Timing
 
+#: The most first-stage options a start is chosen among in ``plan_job``: each costs
+#: ``points + 1`` RubberBand plans of the rest (32 options, 27 trials on two types: 1-6 s;
+#: 59, examples/cloud.yaml's 81 trials on three types: 36 s).
+MAX_OPTIONS = 40
+
+
+class NoStart(ValueError):
+    """No first stage leaves a rest that meets the deadline under the profile (RubberBand's
+    plan may still meet it as a whole: a split at the first stage's p95 is stricter)."""
+
 
 def recourse_start(
     replanner: Replanner,
@@ -85,14 +95,11 @@ def recourse_start(
         raise ValueError(f"prior_error must be > 0, got {error}")
     errors = profile_errors(points, error)
     first, rest = chains[0][0], chains[0][1:]
-    rubberband = replanner.rubberband(profile, replanner.deadline)
-    # RubberBand's own first stage first: it stays where no option is cheaper (free nodes).
-    own = rubberband.plan(replanner.stages).plan.stages[0]
-    options = rubberband.options(first, 0, rubberband.usable(chains))
     plans: list[AllocationPlan] = []
     costs: list[list[float]] = []
     meets: list[list[bool]] = []
-    for option in [own, *(o for o in options if o != own)]:
+    options = first_options(replanner, profile)
+    for option in options:
         after = _after(replanner, profile, option, list(rest))
         if not after.meets:
             continue  # the plan shown must meet the deadline under its own profile
@@ -103,7 +110,7 @@ def recourse_start(
         costs.append([k.cost for k in known])
         meets.append([k.meets for k in known])
     if not plans:
-        raise ValueError("no first stage meets the deadline under the profile")
+        raise NoStart("no first stage meets the deadline under the profile")
     # Each option's cost at an error over the least any option costs there: the goal is
     # a cost near what knowing the error would cost, at cheap errors as at dear ones.
     table = np.array(costs)
@@ -112,9 +119,21 @@ def recourse_start(
     # Money saved is no reason to give up a deadline: no error at which RubberBand's own
     # first stage leaves it within reach may leave another start out of it.
     kept = np.array(meets)
-    if plans[0].stages[0] == own:
+    if plans[0].stages[0] == options[0]:
         ratio[~(kept >= kept[0]).all(axis=1)] = np.inf
     return plans[int(np.argmin(ratio))]  # ties: RubberBand's own, first
+
+
+def first_options(replanner: Replanner, profile: Profile) -> list[StagePlan]:
+    """The first stages a start is chosen among: RubberBand's own first, then every other
+    option of its plan space (each type, market, GPUs per trial and node count with a
+    distinct number of waves)."""
+    chains = chains_of(replanner.stages)
+    rubberband = replanner.rubberband(profile, replanner.deadline)
+    # RubberBand's own first stage first: it stays where no option is cheaper (free nodes).
+    own = rubberband.plan(replanner.stages).plan.stages[0]
+    options = rubberband.options(chains[0][0], 0, rubberband.usable(chains))
+    return [own, *(o for o in options if o != own)]
 
 
 def profile_errors(points: int, prior_error: float) -> list[float]:

@@ -276,6 +276,19 @@ class PlanReport:
             )
         return columns, rows
 
+    def _own(self, first: dict[str, Any]) -> str:
+        """RubberBand's own first stage where the start is another, for the summary."""
+        own = first.get("rubberband")
+        if own is None:
+            return ""
+        width = own["gpus_per_trial"]
+        devices = self.devices[:-1] if width == "1" else self.devices
+        return (
+            f"; RubberBand's plan starts on {own['instance_type']} × {own['instances']} "
+            f"({width} {devices} per trial), mean cost ${own['plan_cost_mean_usd']:,.2f} "
+            "if the profile is right"
+        )
+
     def summary_lines(self) -> list[str]:
         """The lines under the table: predictions, feasibility, baselines."""
         jct = self.outcome.summary(self.outcome.jct)
@@ -289,6 +302,9 @@ class PlanReport:
             if self.feasible
             else "INFEASIBLE: " + "; ".join(p.message for p in self.problems),
         ]
+        first = self.details.get("first_stage")
+        if first is not None:
+            lines.append(f"first stage: chosen for {first['chosen_for']}{self._own(first)}")
         spot = sum(row.allocation.market == "spot" for row in self.rows)
         if spot:
             lines.append(

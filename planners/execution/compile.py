@@ -139,7 +139,8 @@ def execution_plan(
         report = None  # an unplanned job has no forecast
     else:
         if report is None:
-            report = plan_job(spec, catalog=catalog, devices=devices)
+            # Every job RubberBand plans is re-planned in flight (flows/replan.py).
+            report = plan_job(spec, catalog=catalog, devices=devices, replanned=True)
             report.check()
         catalog = report.catalog  # the types the plan names (``local``: this machine)
         plan = allocate(plan, report.allocations)
