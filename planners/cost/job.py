@@ -217,17 +217,17 @@ def _recourse(
     )
     own = planned.plan.stages[0]
     details = dict(planned.details)
-    options = len(first_options(replanner, simulator.profile))
-    if options > MAX_OPTIONS:
+    options = first_options(replanner, simulator.profile)
+    if len(options) > MAX_OPTIONS:
         details["first_stage"] = {
             "chosen_for": (
-                f"the profile alone (RubberBand's): {options} options for the first stage, "
-                f"more than the {MAX_OPTIONS} a start for re-planning is chosen among"
+                f"the profile alone (RubberBand's): {len(options)} options for the first "
+                f"stage, more than the {MAX_OPTIONS} a start for re-planning is chosen among"
             )
         }
         return planned._replace(details=details)
     try:
-        plan = recourse_start(replanner, simulator.profile)
+        plan = recourse_start(replanner, simulator.profile, options=options)
     except NoStart:  # only RubberBand's plan as a whole meets the deadline: keep it
         return planned
     outcome = simulator.run(plan)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from statistics import NormalDist
 from typing import NamedTuple
 
@@ -73,6 +74,7 @@ def recourse_start(
     profile: Profile,
     points: int = 7,
     prior_error: float | None = None,
+    options: Sequence[StagePlan] | None = None,
 ) -> AllocationPlan:
     """The plan whose first stage costs nearest to knowing the profile's error (module
     docstring), the rest RubberBand's under ``profile`` after it.
@@ -82,6 +84,8 @@ def recourse_start(
         profile: The profile the job starts with.
         points: How many errors of the profile to average over.
         prior_error: The profile's relative error; None: ``ProfileEstimate``'s default.
+        options: :func:`first_options` where the caller has them already (each makes
+            RubberBand's plan of the whole job).
     """
     if points < 1:
         raise ValueError(f"points must be >= 1, got {points}")
@@ -98,7 +102,7 @@ def recourse_start(
     plans: list[AllocationPlan] = []
     costs: list[list[float]] = []
     meets: list[list[bool]] = []
-    options = first_options(replanner, profile)
+    options = first_options(replanner, profile) if options is None else options
     for option in options:
         after = _after(replanner, profile, option, list(rest))
         if not after.meets:

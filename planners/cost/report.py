@@ -244,6 +244,10 @@ class PlanReport:
         devices, or ``compute.workers`` on a CPU), a catalog's types have GPUs."""
         return "slots" if set(self.catalog.instance_types) == {LOCAL} else "GPUs"
 
+    def _devices(self, one: bool) -> str:
+        """The plan's devices named for one of them, or for several."""
+        return self.devices[:-1] if one else self.devices
+
     def to_table(self, narrow: bool = False) -> tuple[list[str], list[list[str]]]:
         """Column names and rows of the stage table, as strings for a rich Table; the market
         and interruptions columns only when a stage runs on spot. ``narrow``: one ``spot``
@@ -282,11 +286,10 @@ class PlanReport:
         if own is None:
             return ""
         width = own["gpus_per_trial"]
-        devices = self.devices[:-1] if width == "1" else self.devices
         return (
             f"; RubberBand's plan starts on {own['instance_type']} × {own['instances']} "
-            f"({width} {devices} per trial), mean cost ${own['plan_cost_mean_usd']:,.2f} "
-            "if the profile is right"
+            f"({width} {self._devices(width == '1')} per trial), mean cost "
+            f"${own['plan_cost_mean_usd']:,.2f} if the profile is right"
         )
 
     def summary_lines(self) -> list[str]:
@@ -322,7 +325,7 @@ class PlanReport:
             plan_cost = self.outcome.cost_mean
             times = baseline.outcome.cost_mean / plan_cost if plan_cost else None
             ratio = "" if times is None else f" ({times:.2f}x the plan)"
-            held = f"{baseline.gpus} {self.devices[:-1] if baseline.gpus == 1 else self.devices}"
+            held = f"{baseline.gpus} {self._devices(baseline.gpus == 1)}"
             lines.append(
                 f"{baseline.name}: {baseline.instance_type} × {baseline.nodes} ({held}) "
                 f"for the whole job, p95 JCT {format_duration(b_jct)}, "
