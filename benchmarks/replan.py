@@ -25,7 +25,11 @@ re-planning and without, and the re-planned run's mean cost over the oracle's (g
 writes ``benchmarks/results/replan.json``. ``--quantile 0.9``: the re-planner decides at p90
 (the static and oracle plans stay at p95), trading hit rate for cost. ``--first-stage
 plan``: the re-planned and informed runs start from the static plan instead (writes
-``replan_plan.json``).
+``replan_plan.json``). ``--every-start`` also plays every first stage the recourse start
+chooses among (each followed by RubberBand's plan of the rest under the profile), learnt and
+informed: how much a better choice of the start could buy, the best start of each scenario
+being one chosen knowing the truth (writes ``replan_starts.json``; about 40 min at 30
+worlds).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ import numpy as np
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.draws import DURATION
-from planners.cost.recourse import recourse_start
+from planners.cost.recourse import first_options, recourse_start, start_on
 from planners.cost.replan import ProfileEstimate, Replanner, first_wave, part
 from planners.cost.rubberband import RubberBand
 from planners.cost.simulate import PlanSimulator
@@ -181,6 +185,7 @@ def scenario(
     slack: float,
     quantile: float = 0.95,
     recourse: bool = False,
+    every: bool = False,
 ) -> dict[str, Any]:
     catalog = read_catalog()
     prior, truth = profile(1.0, PRIOR_CV), profile(error, spread)
@@ -220,6 +225,8 @@ def scenario(
             "jct_mean_s": round(float(jct.mean()), 1),
             "replans_mean": round(float(changes.mean()), 2),
         }
+    if every:
+        out["starts"] = every_start(planner, prior, truth, deadline, worlds)
     oracle_cost = out["oracle"]["cost_mean_usd"]
     out["replanned_over_oracle_cost"] = round(out["replanned"]["cost_mean_usd"] / oracle_cost, 4)
     out["static_over_oracle_cost"] = round(out["static"]["cost_mean_usd"] / oracle_cost, 4)
@@ -227,6 +234,57 @@ def scenario(
     out["informed_over_oracle_cost"] = round(informed / oracle_cost, 4)
     out["seconds"] = round(seconds, 1)
     return out
+
+
+def every_start(
+    planner: Replanner, prior: Profile, truth: Profile, deadline: float, worlds: int
+) -> list[dict[str, Any]]:
+    """Each first stage ``recourse_start`` chooses among, as a start (its rest RubberBand's
+    under ``prior``), re-planned in every world learning the truth and knowing it: mean
+    cost and hit rate of each."""
+    truths = PlanSimulator(planner.catalog, truth, samples=SAMPLES)
+    out = []
+    for option in first_options(planner, prior):
+        start = start_on(planner, prior, option)
+        if start is None:
+            continue
+        label = f"{option.instance_type} x{option.instances}, {option.gpus_label} GPU per trial"
+        row: dict[str, Any] = {"first_stage": label}
+        for name in ("learnt", "informed"):
+            runs = []
+            for seed in range(worlds):
+                timed = learnt(ProfileEstimate(prior)) if name == "learnt" else lambda _: truth
+                runs.append(play(truths.world(1000 + seed), start, deciding(planner, timed)))
+            jct, cost = (np.array([r[i] for r in runs]) for i in (0, 1))
+            row[name] = {
+                "hit_rate": float(np.mean(jct <= deadline)),
+                "cost_mean_usd": round(float(cost.mean()), 4),
+            }
+        out.append(row)
+    return out
+
+
+def starts_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the scenarios: the mean cost over the oracle's of each scenario's best start
+    (learnt and informed), and the one start that is best over every scenario."""
+    ratio: dict[str, list[float]] = {}
+    best: dict[str, list[float]] = {"learnt": [], "informed": []}
+    for row in rows:
+        oracle = row["oracle"]["cost_mean_usd"]
+        for name, costs in best.items():
+            costs.append(min(s[name]["cost_mean_usd"] for s in row["starts"]) / oracle)
+        for start in row["starts"]:
+            ratio.setdefault(start["first_stage"], []).append(
+                start["learnt"]["cost_mean_usd"] / oracle
+            )
+    common = {k: float(np.mean(v)) for k, v in ratio.items() if len(v) == len(rows)}
+    single = min(common, key=common.__getitem__)
+    return {
+        "mean_best_start_learnt_over_oracle_cost": round(float(np.mean(best["learnt"])), 4),
+        "mean_best_start_informed_over_oracle_cost": round(float(np.mean(best["informed"])), 4),
+        "best_single_start": single,
+        "mean_best_single_start_learnt_over_oracle_cost": round(common[single], 4),
+    }
 
 
 def main() -> None:
@@ -248,12 +306,18 @@ def main() -> None:
         help="what the re-planned runs start from: recourse_start's plan (what elastune "
         "runs), or the static plan (writes replan_plan.json)",
     )
+    parser.add_argument(
+        "--every-start",
+        action="store_true",
+        help="also play every first stage the recourse start chooses among (writes "
+        "replan_starts.json)",
+    )
     args = parser.parse_args()
     worlds = 4 if args.quick else args.worlds
     rows = []
     for error, spread in itertools.product(ERRORS, SPREADS):
         recourse = args.first_stage == "recourse"
-        row = scenario(error, spread, worlds, args.slack, args.quantile, recourse)
+        row = scenario(error, spread, worlds, args.slack, args.quantile, recourse, args.every_start)
         rows.append(row)
         print(
             f"error {error:4.2f}x spread {spread:4.2f}: hit re-planned "
@@ -281,6 +345,8 @@ def main() -> None:
             float(np.mean([r["informed_over_oracle_cost"] for r in rows])), 4
         ),
     }
+    if args.every_start:
+        summary.update(starts_summary(rows))
     targets = {
         "deadline hit >= 95% with re-planning": summary["hit_rate_replanned"] >= 0.95,
         "mean cost within 10% of the oracle plan": summary["mean_replanned_over_oracle_cost"]
@@ -294,6 +360,8 @@ def main() -> None:
     name = "replan.json" if args.quantile == 0.95 else f"replan_q{args.quantile:g}.json"
     if args.first_stage == "plan":
         name = name.replace("replan", "replan_plan")
+    if args.every_start:
+        name = name.replace("replan", "replan_starts")
     out = Path(__file__).parent / "results" / name
     payload = {
         "benchmark": "re-planning in flight (issue 12)",

@@ -10,7 +10,14 @@ from planners.cost.allocation import StagePlan
 from planners.cost.billing import BillingRule
 from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.local import LOCAL, LocalType
-from planners.cost.recourse import _after, _scaled, profile_errors, recourse_start
+from planners.cost.recourse import (
+    _after,
+    _scaled,
+    first_options,
+    profile_errors,
+    recourse_start,
+    start_on,
+)
 from planners.cost.replan import Replanner, first_wave, left_to_run, part
 from planners.staging import Profile, Stage
 
@@ -100,6 +107,18 @@ def test_where_every_option_costs_the_same_the_start_is_rubberbands_plan() -> No
     planner = Replanner(free, [LOCAL], JOB, deadline=5000, samples=50)
     start = recourse_start(planner, PROFILE)
     assert start.stages[0] == planner.plan(PROFILE).plan.stages[0]
+
+
+def test_each_start_runs_its_option_first_and_meets_the_deadline_or_is_none() -> None:
+    planner = replanner()
+    starts = {o: start_on(planner, PROFILE, o) for o in first_options(planner, PROFILE)}
+    met = [(o, s) for o, s in starts.items() if s is not None]
+    assert met and len(met) < len(starts)  # 1700 s: some first stages leave too little
+    for option, start in met:
+        assert start.stages[0] == option
+        assert [s.trials for s in start.stages] == [9, 3, 1]
+    # The start chosen is one of them.
+    assert recourse_start(planner, PROFILE) in [s for _, s in met]
 
 
 def test_a_one_stage_job_gets_a_start_too() -> None:

@@ -98,19 +98,19 @@ def recourse_start(
     if not error > 0:
         raise ValueError(f"prior_error must be > 0, got {error}")
     errors = profile_errors(points, error)
-    first, rest = chains[0][0], chains[0][1:]
+    first = chains[0][0]
     plans: list[AllocationPlan] = []
     costs: list[list[float]] = []
     meets: list[list[bool]] = []
     options = first_options(replanner, profile) if options is None else options
     for option in options:
-        after = _after(replanner, profile, option, list(rest))
-        if not after.meets:
+        plan = start_on(replanner, profile, option)
+        if plan is None:
             continue  # the plan shown must meet the deadline under its own profile
         wave = part(option, 0, first_wave(option, replanner.catalog))
         left = left_to_run(replanner.stages, {(first.bracket, first.rung): wave.trials})
         known = [_after(replanner, _scaled(profile, f), wave, left) for f in errors]
-        plans.append(AllocationPlan(((option, *after.stages),)))
+        plans.append(plan)
         costs.append([k.cost for k in known])
         meets.append([k.meets for k in known])
     if not plans:
@@ -138,6 +138,14 @@ def first_options(replanner: Replanner, profile: Profile) -> list[StagePlan]:
     own = rubberband.plan(replanner.stages).plan.stages[0]
     options = rubberband.options(chains[0][0], 0, rubberband.usable(chains))
     return [own, *(o for o in options if o != own)]
+
+
+def start_on(replanner: Replanner, profile: Profile, option: StagePlan) -> AllocationPlan | None:
+    """The job (one chain) started on ``option``, RubberBand's plan under ``profile`` for
+    the stages after it; None where no such rest meets the deadline."""
+    rest = list(chains_of(replanner.stages)[0][1:])
+    after = _after(replanner, profile, option, rest)
+    return AllocationPlan(((option, *after.stages),)) if after.meets else None
 
 
 def profile_errors(points: int, prior_error: float) -> list[float]:
