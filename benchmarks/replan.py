@@ -205,11 +205,10 @@ def scenario(
     }
     started = time.perf_counter()
     for seed in range(worlds):
-        replanned = deciding(replanner, learnt(ProfileEstimate(prior)))
-        informed = deciding(replanner, lambda segments: truth)
+        decide = decisions(replanner, prior, truth)
         rows["static"].append(play(truths.world(1000 + seed), static))
-        rows["replanned"].append(play(truths.world(1000 + seed), start, replanned))
-        rows["informed"].append(play(truths.world(1000 + seed), start, informed))
+        rows["replanned"].append(play(truths.world(1000 + seed), start, decide["learnt"]))
+        rows["informed"].append(play(truths.world(1000 + seed), start, decide["informed"]))
         rows["oracle"].append(play(truths.world(1000 + seed), oracle))
     seconds = time.perf_counter() - started
     out: dict[str, Any] = {
@@ -218,15 +217,9 @@ def scenario(
         "deadline_s": round(deadline, 1),
     }
     for name, runs in rows.items():
-        jct, cost, changes = (np.array(x, dtype=float) for x in zip(*runs, strict=True))
-        out[name] = {
-            "hit_rate": float(np.mean(jct <= deadline)),
-            "cost_mean_usd": round(float(cost.mean()), 4),
-            "jct_mean_s": round(float(jct.mean()), 1),
-            "replans_mean": round(float(changes.mean()), 2),
-        }
+        out[name] = measured(runs, deadline)
     if every:
-        out["starts"] = every_start(planner, prior, truth, deadline, worlds)
+        out["starts"] = every_start(planner, replanner, truths, prior, worlds)
     oracle_cost = out["oracle"]["cost_mean_usd"]
     out["replanned_over_oracle_cost"] = round(out["replanned"]["cost_mean_usd"] / oracle_cost, 4)
     out["static_over_oracle_cost"] = round(out["static"]["cost_mean_usd"] / oracle_cost, 4)
@@ -236,31 +229,49 @@ def scenario(
     return out
 
 
+def decisions(
+    replanner: Replanner, prior: Profile, truth: Profile
+) -> dict[str, Callable[..., AllocationPlan]]:
+    """The two ways a re-planned run decides in one world: learning the truth from its own
+    segments (a fresh estimate), and knowing it (*informed*)."""
+    return {
+        "learnt": deciding(replanner, learnt(ProfileEstimate(prior))),
+        "informed": deciding(replanner, lambda segments: truth),
+    }
+
+
+def measured(runs: list[tuple[float, float, int]], deadline: float) -> dict[str, float]:
+    """Hit rate, mean cost, mean JCT and mean number of changed plans of ``runs``
+    (:func:`play`'s answers in each world)."""
+    jct, cost, changes = (np.array(x, dtype=float) for x in zip(*runs, strict=True))
+    return {
+        "hit_rate": float(np.mean(jct <= deadline)),
+        "cost_mean_usd": round(float(cost.mean()), 4),
+        "jct_mean_s": round(float(jct.mean()), 1),
+        "replans_mean": round(float(changes.mean()), 2),
+    }
+
+
 def every_start(
-    planner: Replanner, prior: Profile, truth: Profile, deadline: float, worlds: int
+    planner: Replanner, replanner: Replanner, truths: PlanSimulator, prior: Profile, worlds: int
 ) -> list[dict[str, Any]]:
     """Each first stage ``recourse_start`` chooses among, as a start (its rest RubberBand's
-    under ``prior``), re-planned in every world learning the truth and knowing it: mean
-    cost and hit rate of each."""
-    truths = PlanSimulator(planner.catalog, truth, samples=SAMPLES)
+    under ``prior``, as ``planner`` plans), re-planned by ``replanner`` in every world of
+    ``truths`` learning the truth and knowing it, each measured as the other runs."""
+    assert planner.deadline is not None
     out = []
     for option in first_options(planner, prior):
         start = start_on(planner, prior, option)
         if start is None:
             continue
+        runs: dict[str, list[tuple[float, float, int]]] = {"learnt": [], "informed": []}
+        for seed in range(worlds):
+            for name, decide in decisions(replanner, prior, truths.profile).items():
+                runs[name].append(play(truths.world(1000 + seed), start, decide))
         label = f"{option.instance_type} x{option.instances}, {option.gpus_label} GPU per trial"
-        row: dict[str, Any] = {"first_stage": label}
-        for name in ("learnt", "informed"):
-            runs = []
-            for seed in range(worlds):
-                timed = learnt(ProfileEstimate(prior)) if name == "learnt" else lambda _: truth
-                runs.append(play(truths.world(1000 + seed), start, deciding(planner, timed)))
-            jct, cost = (np.array([r[i] for r in runs]) for i in (0, 1))
-            row[name] = {
-                "hit_rate": float(np.mean(jct <= deadline)),
-                "cost_mean_usd": round(float(cost.mean()), 4),
-            }
-        out.append(row)
+        out.append(
+            {"first_stage": label, **{k: measured(v, planner.deadline) for k, v in runs.items()}}
+        )
     return out
 
 
