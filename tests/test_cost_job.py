@@ -6,6 +6,7 @@ import pytest
 
 from planners.cost import InfeasibleError, plan_job
 from planners.cost.catalog import parse_catalog
+from planners.cost.recourse import first_options
 from planners.spec import SpecError, parse_job
 from planners.staging import Profile
 
@@ -153,6 +154,24 @@ def test_a_replanned_job_starts_on_a_first_stage_chosen_for_the_replanning() -> 
         f"RubberBand's plan starts on x4 × {own.instances} (2 GPUs per trial), mean cost "
         f"${rubberband.outcome.cost_mean:,.2f} if the profile is right"
     ]
+
+
+def test_the_first_stage_options_start_from_the_rubberband_plan_the_job_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # plan_job hands its RubberBand plan's first stage to first_options instead of having
+    # it planned again: the two must be the same stage.
+    seen = []
+
+    def options(replanner, profile, own=None):  # type: ignore[no-untyped-def]
+        seen.append((first_options(replanner, profile, own), first_options(replanner, profile)))
+        return seen[-1][0]
+
+    monkeypatch.setattr("planners.cost.job.first_options", options)
+    plan_job(job(budget={"deadline": "40m"}), catalog=CATALOG, replanned=True)
+    assert len(seen) == 1
+    held, planned_again = seen[0]
+    assert held == planned_again
 
 
 SPOT = parse_catalog(

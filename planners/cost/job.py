@@ -217,7 +217,7 @@ def _recourse(
     )
     own = planned.plan.stages[0]
     details = dict(planned.details)
-    options = first_options(replanner, simulator.profile)
+    options = first_options(replanner, simulator.profile, own)
     if len(options) > MAX_OPTIONS:
         details["first_stage"] = {
             "chosen_for": (

@@ -128,14 +128,17 @@ def recourse_start(
     return plans[int(np.argmin(ratio))]  # ties: RubberBand's own, first
 
 
-def first_options(replanner: Replanner, profile: Profile) -> list[StagePlan]:
-    """The first stages a start is chosen among: RubberBand's own first, then every other
-    option of its plan space (each type, market, GPUs per trial and node count with a
-    distinct number of waves)."""
+def first_options(
+    replanner: Replanner, profile: Profile, own: StagePlan | None = None
+) -> list[StagePlan]:
+    """The first stages a start is chosen among: RubberBand's own first (``own`` where the
+    caller holds RubberBand's plan already), then every other option of its plan space
+    (each type, market, GPUs per trial and node count with a distinct number of waves)."""
     chains = chains_of(replanner.stages)
     rubberband = replanner.rubberband(profile, replanner.deadline)
     # RubberBand's own first stage first: it stays where no option is cheaper (free nodes).
-    own = rubberband.plan(replanner.stages).plan.stages[0]
+    if own is None:
+        own = rubberband.plan(replanner.stages).plan.stages[0]
     options = rubberband.options(chains[0][0], 0, rubberband.usable(chains))
     return [own, *(o for o in options if o != own)]
 
