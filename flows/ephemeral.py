@@ -7,8 +7,9 @@ imported everything, and a command killed with SIGKILL left the server running.
 :func:`early_server` starts the same server (the same uvicorn command and environment, its
 app from :func:`infra.prefect_app.create_app`: Prefect's, its SQLite writes immediate)
 before the command imports torch, MLflow and the flows, so the two overlap on separate
-cores, and points the command's Prefect settings at it once it answers. While it has not
-answered yet, the command imports what the job imports later anyway (:data:`WARM`).
+cores, and points the command's Prefect settings at it once it answers. Before that, the
+command imports what the job imports later anyway (:data:`WARM`), however soon the server
+answers.
 
 It points the settings, as Prefect's own test harness does (``prefect_test_harness``:
 ``PREFECT_API_URL`` in the command's settings and in the process-wide ones that threads
@@ -43,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from infra.prefect_app import FACTORY
-from infra.server import answers, free_port, stop_group, wait_healthy
+from infra.server import free_port, stop_group, wait_healthy
 
 # The server's task-run recorder writes the runs' state events in batches, at most a
 # second late, instead of one transaction per event (Prefect's default): a segment's task
@@ -80,9 +81,12 @@ WATCHDOG = (
     ' [ $# -eq 0 ] || { sleep 1; rm -rf -- "$@"; }'
 )
 
-# Imported while the server starts, as long as it does: MLflow's SQL store (a job's
-# tracker builds one), and torch's compiler, which every torch.optim optimizer imports
-# when it is made.
+# Imported while the server starts, all of them even when it answers first: MLflow's SQL
+# store (a job's tracker builds one), and torch's compiler, which every torch.optim
+# optimizer imports when it is made. Left to the job, the compiler's 0.8-1.9 s landed in
+# its first segment or not, by that race: a calibration job's wall moved by that much from
+# one run to the next (docs/benchmarks.md, "A race in the start"), and it imported with
+# the collector on (flows/collector.py).
 WARM = ("mlflow.store.tracking.sqlalchemy_store", "torch._dynamo")
 
 # The API address of the server this process started and answered, once it has.
@@ -111,7 +115,7 @@ def early_server() -> Iterator[Callable[[], None]]:
             started = None
             api = f"http://127.0.0.1:{port}/api"
             try:
-                warm_until(lambda: answers(f"{api}/health", timeout=0.5))
+                warm()
                 wait_healthy(server, f"{api}/health", startup_timeout(), Path(os.devnull))
             except RuntimeError:
                 # Prefect's own start then tries again and fails the job with its message.
@@ -150,11 +154,9 @@ def pointed_at(api_url: str) -> Iterator[None]:
             EventsWorker.drain_all()
 
 
-def warm_until(ready: Callable[[], bool]) -> None:
-    """Import what every job imports later, one module at a time, until ``ready()``."""
+def warm() -> None:
+    """Import what every job imports later (:data:`WARM`)."""
     for module in WARM:
-        if ready():
-            return
         importlib.import_module(module)
 
 

@@ -269,6 +269,38 @@ def run_script(script: str, home: Path, **settings: str) -> str:
     return done.stdout
 
 
+# A process whose early server has answered before the command waits for it.
+ANSWERED_FIRST = """
+import sys, time
+import flows.ephemeral as ephemeral
+from infra.server import answers
+
+started = ephemeral.start_server
+
+def answered_first():
+    port, server, stop = started()
+    while not answers(f"http://127.0.0.1:{port}/api/health", timeout=0.5):
+        time.sleep(0.05)
+    return port, server, stop
+
+ephemeral.start_server = answered_first
+before = [module in sys.modules for module in ephemeral.WARM]
+with ephemeral.early_server() as ready:
+    ready()
+print(before, [module in sys.modules for module in ephemeral.WARM])
+"""
+
+
+def test_the_command_imports_what_the_job_imports_later_however_soon_the_server_answers(
+    tmp_path: Path,
+) -> None:
+    """What every job imports later is imported before the job starts, also when the
+    server has answered first: left to the job, it landed in the job's first segment or not
+    by that race, and a job's wall moved by a second from one run to the next."""
+    stdout = run_script(ANSWERED_FIRST, tmp_path)
+    assert stdout.strip().splitlines()[-1] == "[False, False] [True, True]", stdout
+
+
 # A process that runs a flow of task runs on the early server, then reads what it recorded.
 RECORDED = """
 import time
