@@ -271,16 +271,16 @@ def run_script(script: str, home: Path, **settings: str) -> str:
 
 # A process whose early server has answered before the command waits for it.
 ANSWERED_FIRST = """
-import sys, time
+import os, sys
+from pathlib import Path
 import flows.ephemeral as ephemeral
-from infra.server import answers
+from infra.server import wait_healthy
 
 started = ephemeral.start_server
 
 def answered_first():
     port, server, stop = started()
-    while not answers(f"http://127.0.0.1:{port}/api/health", timeout=0.5):
-        time.sleep(0.05)
+    wait_healthy(server, f"http://127.0.0.1:{port}/api/health", 120, Path(os.devnull))
     return port, server, stop
 
 ephemeral.start_server = answered_first
