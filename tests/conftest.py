@@ -15,6 +15,7 @@ import pytest
 # Prefect reads its settings at import, so isolate its home before anything imports it
 # (cache records in $PREFECT_HOME outlive databases: docs/stack.md §2).
 _HOME = tempfile.mkdtemp(prefix="elastune-prefect-")
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
 os.environ["PREFECT_HOME"] = _HOME
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "120"
