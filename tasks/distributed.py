@@ -22,6 +22,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import shutil
 import sys
 import tempfile
 import threading
@@ -281,7 +282,10 @@ def _rank_main(
     timeout: float,
 ) -> None:
     failed = False
-    threading.Thread(target=_exit_with_parent, name="rank-watchdog", daemon=True).start()
+    scratch = os.path.dirname(store)
+    threading.Thread(
+        target=_exit_with_parent, args=(scratch,), name="rank-watchdog", daemon=True
+    ).start()
     try:
         fn, args, kwargs = pickle.loads(payload)
         if backend == "nccl":
@@ -318,13 +322,15 @@ def _rank_main(
         os._exit(1 if failed else 0)
 
 
-def _exit_with_parent() -> None:
+def _exit_with_parent(scratch: str) -> None:
     """End this rank when the process that started it dies, however it dies (SIGKILL
     included): a rank left training would hold its GPU until its segment ended, for nobody.
-    The sentinel is multiprocessing's own, a pipe only the starting process writes to."""
+    The sentinel is multiprocessing's own, a pipe only the starting process writes to. The
+    run's ``scratch`` folder (its file store) goes too: the dead process cannot remove it."""
     parent = mp.parent_process()
     if parent is not None:
         wait([parent.sentinel])
+        shutil.rmtree(scratch, ignore_errors=True)  # every rank tries; one is enough
         os._exit(1)
 
 

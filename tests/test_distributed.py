@@ -157,10 +157,16 @@ def test_a_hung_run_times_out():
 
 
 def test_ranks_end_with_the_process_that_started_them(tmp_path: Path) -> None:
-    """A driver killed by SIGKILL leaves no rank training (on a GPU, holding it)."""
+    """A driver killed by SIGKILL leaves no rank training (on a GPU, holding it), nor the
+    run's scratch folder."""
     start = "from tasks.distributed import run_distributed; from tests.test_distributed import hang"
     start += f"; run_distributed(hang, 2, args=({str(tmp_path)!r},), backend='gloo', timeout=600)"
-    driver = subprocess.Popen([sys.executable, "-c", start], cwd=ROOT, start_new_session=True)
+    scratch = tmp_path / "tmp"  # the driver's temporary folders, and so its run's
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    driver = subprocess.Popen(
+        [sys.executable, "-c", start], cwd=ROOT, env=env, start_new_session=True
+    )
     ranks: list[int] = []
     try:
         noted = [tmp_path / "rank0", tmp_path / "rank1"]
@@ -170,6 +176,7 @@ def test_ranks_end_with_the_process_that_started_them(tmp_path: Path) -> None:
         driver.kill()
         driver.wait(10)
         assert wait_for(lambda: not any(alive(rank) for rank in ranks), 15), "ranks left"
+        assert not list(scratch.glob("elastune-dist-*")), "the run's scratch folder left"
     finally:
         for pid in [driver.pid, *ranks]:
             with contextlib.suppress(ProcessLookupError):
