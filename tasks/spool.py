@@ -12,12 +12,14 @@ newest file of a run is kept.
 
 Example:
     >>> import tempfile
-    >>> spool = Spool(Path(tempfile.mkdtemp()))
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> spool = Spool(folder)
     >>> _ = spool.write("run", 2, b"two"); _ = spool.write("run", 3, b"three")
     >>> [(r, p.read_bytes()) for r, p in spool.files("run")]
     [(3.0, b'three')]
     >>> spool.clear("run"); spool.files("run")
     []
+    >>> shutil.rmtree(folder)
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ Example:
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "plan.png"
     >>> draw_gantt(plan_job(spec), path) == path and path.stat().st_size > 10_000
     True
+    >>> import shutil; shutil.rmtree(path.parent)
 """
 
 from __future__ import annotations

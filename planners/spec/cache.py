@@ -10,6 +10,7 @@ Example:
     '42'
     >>> made_once(folder / "answer.txt", lambda tmp: tmp.write_text("43")).read_text()
     '42'
+    >>> shutil.rmtree(folder)
 """
 
 from __future__ import annotations
