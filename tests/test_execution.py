@@ -185,9 +185,21 @@ def test_stage_slots_cap_each_stage_and_give_its_width() -> None:
     top = Segment(0, 1, 3, rung=1)
     assert slots.may_start(rung0[1], rung0[:1]) and not slots.may_start(rung0[2], rung0[:2])
     assert slots.may_start(top, rung0[:2])  # another stage's slots
-    assert slots.may_start_any(rung0[:2]) and not slots.may_start_any([*rung0[:2], top])
+    assert slots.may_start_any(rung0[:1]) and not slots.may_start_any([top])
     assert (slots.width(rung0[0]), slots.width(top)) == (1.0, 4.0)
     assert slots.demand(plan.stages) == (3, 4.0)
+
+
+def test_stage_slots_have_no_room_in_a_rung_behind_its_barrier() -> None:
+    """A planned SHA job draws its first rung as slots free up, not all of it at once:
+    the next rung's slot is no room while the rung before it runs. Another bracket's is."""
+    sha = Plan((Stage(0, 0, 9, 0, 1, slots=2), Stage(0, 1, 3, 1, 3, slots=2)), workers=2)
+    rung0 = [Segment(t, 0, 1, rung=0) for t in range(2)]
+    assert StageSlots(sha).may_start_any(rung0[:1]) and not StageSlots(sha).may_start_any(rung0)
+    hyperband = Plan((*sha.stages, Stage(1, 0, 3, 0, 3, slots=1)), workers=3)
+    assert StageSlots(hyperband).may_start_any(rung0)  # bracket 1 starts beside it
+    beside = Segment(2, 0, 3, rung=0, bracket=1)
+    assert not StageSlots(hyperband).may_start_any([*rung0, beside])
 
 
 # --- the mode as the commands report it -----------------------------------------------------

@@ -98,12 +98,25 @@ class StageSlots:
     stages_side_by_side: ClassVar[bool] = True
 
     def may_start(self, segment: Segment, running: Sequence[Segment]) -> bool:
-        stage = self._stage(segment)
-        same = sum((s.bracket, s.rung) == (stage.bracket, stage.rung) for s in running)
-        return same < (stage.slots or 0)
+        return self._has_room(self._stage(segment), running)
 
     def may_start_any(self, running: Sequence[Segment]) -> bool:
-        return len(running) < sum(stage.slots or 0 for stage in self.plan.stages)
+        """A bracket's stages run one after another (a rung waits for the barrier of the
+        one before it), so a bracket with segments running has room only in the lowest
+        stage it runs, and one with none in any of its stages. (Counting every stage's
+        slots drew a planned SHA job's whole first rung from the sampler before its first
+        segment started: the slots idle while it proposed, and none of the rung's results
+        there to propose from.)"""
+        lowest: dict[int, int] = {}
+        for segment in running:
+            lowest[segment.bracket] = min(lowest.get(segment.bracket, segment.rung), segment.rung)
+        for stage in self.plan.stages:
+            rung = lowest.get(stage.bracket)
+            if rung is None and (stage.slots or 0) > 0:
+                return True
+            if rung == stage.rung and self._has_room(stage, running):
+                return True
+        return False
 
     def width(self, segment: Segment) -> float:
         return self._stage(segment).gpus_per_trial
@@ -117,3 +130,8 @@ class StageSlots:
 
     def _stage(self, segment: Segment) -> Stage:
         return self.plan.stage(segment.bracket, segment.rung)
+
+    @staticmethod
+    def _has_room(stage: Stage, running: Sequence[Segment]) -> bool:
+        same = sum((s.bracket, s.rung) == (stage.bracket, stage.rung) for s in running)
+        return same < (stage.slots or 0)
