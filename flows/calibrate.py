@@ -20,7 +20,10 @@ model built, checkpoint I/O, warm-up: ``overhead_s``), ``c`` what a trial's firs
 adds to it (the sampler's proposal, the trial's MLflow run: ``trial_overhead_s``) and ``t``
 a slot's seconds per unit (``seconds_per_unit: {1: t}``). A fourth job adds a second rung
 (SHA at eta 2): ``m`` waves of resumed segments of ``r`` more units,
-``W = W(n, r) + m * (o + r * t)``, which tells ``o`` from ``c``.
+``W = W(n, r) + m * (o + r * t)``, which tells ``o`` from ``c``. Where ``F`` lies, the walls
+cannot tell: each run's summary times what follows its last segment (``tail_seconds``), and
+their median, at most ``F``, is the profile's ``job_tail_s``, which the plan forecasts after
+the last stage instead of before the first.
 
 :func:`runs` picks the four jobs (:class:`Run`), with ``r = k`` first resource levels: 1 and
 ``n`` waves of one level, 4 waves of ``k`` levels, ``k`` large enough that the longer units
@@ -131,9 +134,9 @@ def calibration_job(
     return JobSpec.model_validate(data)
 
 
-def run_elsewhere(job: JobSpec, folder: Path) -> float:
+def run_elsewhere(job: JobSpec, folder: Path) -> tuple[float, float]:
     """``elastune run`` of ``job`` in a fresh process (from the current directory, where its
-    trainable is imported from); its wall seconds."""
+    trainable is imported from); its wall seconds, and those after its last segment."""
     path = folder / "job.yaml"
     path.write_text(yaml.safe_dump(job.model_dump(mode="json")))
     command = [sys.executable, "-m", "flows.cli", "run", str(path), "--json"]
@@ -150,7 +153,8 @@ def run_elsewhere(job: JobSpec, folder: Path) -> float:
     if run.returncode != 0:
         tail = err.strip().splitlines()[-1:] or ["no output"]
         raise SpecError(f"calibration: a small run of the job failed: {tail[0]}")
-    return float(json.loads(out)["wall_seconds"])
+    summary = json.loads(out)
+    return float(summary["wall_seconds"]), float(summary["tail_seconds"])
 
 
 def say(line: str) -> None:
@@ -275,13 +279,14 @@ def calibrate(
     """``profile`` (a ``profile:`` section measured in-process) anchored to this machine's
     slots: every timing and spread scaled so that one slot takes the calibrated seconds
     per unit (the in-process relative speeds and spread kept), with the calibrated
-    ``overhead_s``, ``job_overhead_s`` and ``job_overhead_sd``; and the calibration jobs'
-    wall seconds."""
+    ``overhead_s``, ``job_overhead_s`` (``job_tail_s`` of it after the last segment) and
+    ``job_overhead_sd``; and the calibration jobs' wall seconds."""
     level = first_level(spec)
     alone = profile["seconds_per_unit"][1]
     devices = local_devices(spec)
     jobs = runs(level, alone)
     walls: dict[Run, list[float]] = {}
+    tails: list[float] = []
     # Each run is a new process, seconds to half a minute: the user sees them go by.
     say(f"calibrating: {len(jobs)} small jobs, {REPEATS} runs each, each run a new process")
     for repeat in range(REPEATS):  # interleaved, so a slow minute of the machine hits every job
@@ -289,14 +294,17 @@ def calibrate(
             began = time.monotonic()
             with tempfile.TemporaryDirectory() as folder:
                 job = calibration_job(spec, run, level, Path(folder), devices)
-                wall = run_elsewhere(job, Path(folder))
+                wall, tail = run_elsewhere(job, Path(folder))
             walls.setdefault(run, []).append(wall)
+            tails.append(tail)
             done = time.monotonic() - began
             say(
                 f"calibration {index}/{len(jobs) * REPEATS} ({run.label}): "
                 f"job {wall:.1f} s, process {done:.1f} s"
             )
     solved = solve(walls, level, alone)
+    # Where the job's overhead lies does not change the walls, so it is timed, not solved.
+    solved["job_tail_s"] = round(min(statistics.median(tails), solved["job_overhead_s"]), 4)
     scale = solved.pop("seconds_per_unit") / alone
     out = {**profile, **solved}
     for key in ("seconds_per_unit", "sd_per_unit"):

@@ -66,6 +66,7 @@ class Job:
         self.job_id = job_id
         self.runs = runs
         self.began = time.monotonic()
+        self.last_report: float | None = None  # when the last segment's report came
         self.storage = local_uri(self.spec.tracking.optuna_storage)
         self.journal = StudyJournal(study)
         self.loop = TuningLoop(self.spec, study, journal=self.journal)
@@ -139,6 +140,7 @@ class Job:
     def record(self, segment: Segment, report: SegmentReport) -> list[Decision]:
         """A segment's result: journaled, decided by the scheduler and tallied. Optuna and
         the trials' MLflow runs learn of it at :meth:`flush`."""
+        self.last_report = time.monotonic()
         error = report.error
         if self.spec.metric in report.metrics_seen:
             self.tally.metric_seen = True

@@ -62,7 +62,8 @@ def finish(job: Job, story: Story, held: HeldForecast | None = None) -> dict[str
         tracker.log_metrics(parent, {f"best_{job.spec.metric}": best.metric}, 0)
         model = register_best(job, best)
         tracker.set_tags(parent, {"elastune.registered": model["version"]})
-    wall_seconds = round(time.monotonic() - job.began, 3)
+    now = time.monotonic()
+    wall_seconds = round(now - job.began, 3)
     held_out = {} if held is None else hold(job, held, wall_seconds)
     tracker.end_run(parent)
     summary = {
@@ -73,6 +74,8 @@ def finish(job: Job, story: Story, held: HeldForecast | None = None) -> dict[str
         "trials": len(job.loop.configs),
         "segments": job.tally.segments,
         "wall_seconds": wall_seconds,
+        # The job's end after its last segment: a profile's job_tail_s (flows/calibrate.py).
+        "tail_seconds": None if job.last_report is None else round(now - job.last_report, 3),
         "mlflow_run_id": parent,
         "optuna_storage": job.storage,
         "model": model,

@@ -261,6 +261,7 @@ def test_cli_process_prints_only_json_on_stdout(tmp_path, stores) -> None:
         "trials",
         "segments",
         "wall_seconds",
+        "tail_seconds",
         "mlflow_run_id",
         "optuna_storage",
         "model",

@@ -78,6 +78,16 @@ def test_the_job_and_segment_overheads_are_in_the_forecast() -> None:
     assert slower - base == pytest.approx(8 * 1.0 + 4.0)
 
 
+def test_the_jobs_tail_is_forecast_after_its_last_stage() -> None:
+    overhead = {"seconds_per_unit": {1: 10.0}, "job_overhead_s": 4.0}
+    before = plan_job(parse_job(job(profile=overhead)), samples=20).forecast()
+    tail = {**overhead, "job_tail_s": 3.0}  # 3 of the job's 4 s come after its last segment
+    after = plan_job(parse_job(job(profile=tail)), samples=20).forecast()
+    assert after["jct_s"] == before["jct_s"]
+    for name, stage in after["stages"].items():
+        assert stage["end_s"]["p50"] == before["stages"][name]["end_s"]["p50"] - 3.0
+
+
 def test_a_catalog_given_plans_on_its_types() -> None:
     from planners.cost import read_catalog
 
@@ -124,6 +134,7 @@ def test_held_forecast_measures_stages_from_their_brackets_previous_end() -> Non
         ({"profile": {"seconds_per_unit": {1: 1.0}, "job_overhead_s": -2}}, "job_overhead_s"),
         ({"profile": {"seconds_per_unit": {1: 1.0}, "job_overhead_sd": -1}}, "job_overhead_sd"),
         ({"profile": {"seconds_per_unit": {1: 1.0}, "run_cv": -0.1}}, "profile.run_cv"),
+        ({"profile": {"seconds_per_unit": {1: 1.0}, "job_tail_s": 1.0}}, "job_tail_s"),
         ({"compute": {"spot": True}}, "compute.spot"),
         (
             {"scheduler": {"name": "hyperband", "eta": 3, "max_resource": 9}},
@@ -172,6 +183,8 @@ def test_a_planned_local_run_records_forecast_and_measurement(tmp_path: Path, st
     assert list(measured["stages"]) == list(forecast["stages"]) == ["b0-r0", "b0-r1", "b0-r2"]
     ends = [s["end_s"] for s in measured["stages"].values()]
     assert ends == sorted(ends) and ends[-1] <= summary["wall_seconds"]
+    # The job's own end follows its last segment's report, which its last stage's end follows.
+    assert summary["wall_seconds"] - ends[-1] <= summary["tail_seconds"] < summary["wall_seconds"]
 
     from mlflow import MlflowClient
 

@@ -2,19 +2,20 @@
 
 Each chain (bracket) runs its stages in order with a barrier between them, from the job's
 start plus the profile's ``job_overhead_s`` (what a job spends outside its segments, counted
-before the first; drawn once per sample with its spread ``job_overhead_sd``, the same for
-every chain). At a barrier the stage's pool is resized: surplus nodes are released (the
-newest first, so survivors keep their nodes and nothing migrates) and missing ones are
-requested (queueing plus startup, sampled). A change of instance type releases the whole
-pool. Trials are placed best-fit (§5.5); each slot starts as soon as its node is ready and
-runs its trials one after another, each segment's time drawn from the profile (normal: CLT
-per segment plus the straggler spread) times the run's speed (``run_cv``: one draw per
-sample for all its segments). Where the profile was calibrated, the calibration's error in
-its overheads and unit time (``calibration_cov``) is drawn once per sample too, and moves
-the job's overhead and every segment of the sample alike (``planners.cost.layout``): a
-forecast made from a few short runs is uncertain by more than the runs' own spread. The
-stage ends with its last slot. Every node is billed by its type's rule from request (or
-from running) to release. Chains run side by side; JCT is the last chain's end.
+before the first but its ``job_tail_s``, which ends the chain after its last stage; drawn
+once per sample with its spread ``job_overhead_sd``, the same for every chain). At a barrier
+the stage's pool is resized: surplus nodes are released (the newest first, so survivors keep
+their nodes and nothing migrates) and missing ones are requested (queueing plus startup,
+sampled). A change of instance type releases the whole pool. Trials are placed best-fit
+(§5.5); each slot starts as soon as its node is ready and runs its trials one after another,
+each segment's time drawn from the profile (normal: CLT per segment plus the straggler
+spread) times the run's speed (``run_cv``: one draw per sample for all its segments). Where
+the profile was calibrated, the calibration's error in its overheads and unit time
+(``calibration_cov``) is drawn once per sample too, and moves the job's overhead and every
+segment of the sample alike (``planners.cost.layout``): a forecast made from a few short
+runs is uncertain by more than the runs' own spread. The stage ends with its last slot.
+Every node is billed by its type's rule from request (or from running) to release. Chains
+run side by side; JCT is the last chain's end.
 
 Spot capacity [OWN model]: a stage may run on spot instances (``StagePlan.market``), at
 the catalog's discounted price. Each running spot instance is interrupted as a Poisson
@@ -122,10 +123,11 @@ class _ChainState:
         if trace is not None:
             trace.release(gone.ids, float(self.now[0]))
 
-    def run(self) -> ChainRun:
-        """The chain simulated to its end; its pool is released then."""
+    def run(self, tail: float) -> ChainRun:
+        """The chain simulated to its end, ``tail`` seconds after its last stage (the job's
+        own end); its pool is released at the last stage's end."""
         return ChainRun(
-            self.now,
+            self.now + tail,
             self.released,
             self.held.bill(self.now),
             (self.held,),
@@ -226,7 +228,7 @@ class PlanSimulator:
         runs = [self._simulate(chain, trace) for chain in plan.chains]
         trace.jct = float(max(run.end[0] for run in runs))
         for run in runs:
-            until = np.array([trace.jct]) if plan.hold else run.end
+            until = np.array([trace.jct]) if plan.hold else run.ends[-1]
             trace.cost += float(run.released_cost[0])
             trace.cost += float(sum(pool.bill(until)[0] for pool in run.held))
             for pool in run.held:
@@ -247,7 +249,8 @@ class PlanSimulator:
 
     def _simulate(self, chain: tuple[StagePlan, ...], trace: Trace | None = None) -> ChainRun:
         nominal = trace is not None  # one sample at the means, recorded node by node
-        startup = np.full(1, self.profile.job_overhead_s)
+        profile = self.profile
+        startup = np.full(1, profile.job_overhead_s - profile.job_tail_s)
         state = _ChainState.start(startup) if nominal else self._resume(chain)
         for length, stage in enumerate(chain[state.stages :], start=state.stages + 1):
             instance = self.catalog.get(stage.instance_type, "plan.instance_type")
@@ -257,7 +260,7 @@ class PlanSimulator:
             state.rates.append(price / 3600 * state.held.count)
             if not nominal and length < len(chain):  # whole chains are cached by chain()
                 self._prefixes[chain[:length]] = state.copy()
-        return state.run()
+        return state.run(profile.job_tail_s)
 
     def _resume(self, chain: tuple[StagePlan, ...]) -> _ChainState:
         """Candidate plans mostly differ in a late stage: the state after the longest prefix
@@ -266,12 +269,12 @@ class PlanSimulator:
             state = self._prefixes.get(chain[:length])
             if state is not None:
                 return state.copy()
-        # A chain in flight still has the job's overhead ahead where it is spent at the
-        # job's end; counting all of it again errs on the safe side.
+        # A chain in flight has only the job's tail ahead; counting all of its overhead
+        # again errs on the safe side.
         profile = self.profile
         shift = None if self._fit is None else self._fit[:, 0]
         start = self.draws.job(profile.job_overhead_s, profile.job_overhead_sd, shift)
-        state = _ChainState.start(start)
+        state = _ChainState.start(np.maximum(start - profile.job_tail_s, 0.0))
         last = self.holding.get(chain[0].bracket)
         if last is not None:  # in flight: it holds its last stage's nodes, ready now
             instance = self.catalog.get(last.instance_type, "plan.instance_type")

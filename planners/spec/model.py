@@ -412,6 +412,8 @@ class ProfileSpec(StrictModel):
     trial_overhead_s: NonNegativeFloat = 0.0
     # Per job, outside its segments: its runs and study created, its best model registered.
     job_overhead_s: NonNegativeFloat = 0.0
+    # Of job_overhead_s, what comes after the last segment (its best model registered).
+    job_tail_s: NonNegativeFloat = 0.0
     # Run-to-run spread of a job's wall outside its units (start, server, dispatch jitter).
     job_overhead_sd: NonNegativeFloat = 0.0
     # Run-to-run spread of the segments' speed, relative: a run the machine slows as a whole.
@@ -439,6 +441,11 @@ class ProfileSpec(StrictModel):
             )
         if self.speed and self.gpu is None:
             raise ValueError("speed: name the GPU model the timings are for in profile.gpu")
+        if self.job_tail_s > self.job_overhead_s:
+            raise ValueError(
+                f"job_tail_s: {self.job_tail_s:g} is part of job_overhead_s "
+                f"({self.job_overhead_s:g}), so at most that"
+            )
         return self
 
 

@@ -10,17 +10,17 @@ model, restoring and saving a checkpoint); a trial's first segment adds
 ``trial_overhead_s`` (the sampler proposing its configuration, its MLflow run created),
 which a resumed segment does not pay. A job spends ``job_overhead_s`` outside its
 segments (its runs and study created, its best model registered), give or take
-``job_overhead_sd`` from one run to the next. A segment's spread has three parts:
-unit-to-unit noise, independent between units, so by the central limit theorem its sd grows
-as ``sqrt(r) * sd(g)`` (docs/algorithms.md §5.3); a per-segment straggler factor
-``segment_cv`` (a slow node stays slow for the whole segment), whose sd grows as
-``r * t(g) * segment_cv``; and a per-run factor ``run_cv`` shared by every segment of a run
-(a machine slower or faster for a whole run), which the many segments of a job do not
-average away. A calibrated profile also knows how far its own numbers may be off:
-``calibration_cov``, the covariance of the errors in ``job_overhead_s``, ``overhead_s``,
-``trial_overhead_s`` and ``seconds_per_unit`` (relative), in that order, which a run
-meets once, in all its segments alike (``elastune profile`` estimates them from a few
-short runs: flows/calibrate.py).
+``job_overhead_sd`` from one run to the next, ``job_tail_s`` of it after its last segment.
+A segment's spread has three parts: unit-to-unit noise, independent between units, so by
+the central limit theorem its sd grows as ``sqrt(r) * sd(g)`` (docs/algorithms.md §5.3); a
+per-segment straggler factor ``segment_cv`` (a slow node stays slow for the whole segment),
+whose sd grows as ``r * t(g) * segment_cv``; and a per-run factor ``run_cv`` shared by
+every segment of a run (a machine slower or faster for a whole run), which the many
+segments of a job do not average away. A calibrated profile also knows how far its own
+numbers may be off: ``calibration_cov``, the covariance of the errors in
+``job_overhead_s``, ``overhead_s``, ``trial_overhead_s`` and ``seconds_per_unit``
+(relative), in that order, which a run meets once, in all its segments alike (``elastune
+profile`` estimates them from a few short runs: flows/calibrate.py).
 
 A profile comes from the job file's ``profile:`` section (:meth:`Profile.from_spec`), from
 numbers measured by ``elastune profile`` (:meth:`Profile.from_measurements`), from a
@@ -107,8 +107,11 @@ class Profile:
         trial_overhead_s: Seconds a trial's first segment adds to ``overhead_s`` (the
             sampler's proposal, the trial's MLflow run).
         job_overhead_s: Seconds a job spends outside its segments (the cost simulator
-            counts them before the first).
+            counts them before the first, but ``job_tail_s``).
         job_overhead_sd: Their spread from one run of the job to the next.
+        job_tail_s: Of ``job_overhead_s``, the seconds after the last segment (the last
+            decisions written, the best model registered), which the cost simulator counts
+            after the last stage: a stage's forecast end is not late by them.
         run_cv: The segments' speed from one run of the job to the next, relative: one
             factor for every segment of a run.
         calibration_cov: The covariance of the errors in ``job_overhead_s``,
@@ -128,6 +131,7 @@ class Profile:
     trial_overhead_s: float = 0.0
     job_overhead_s: float = 0.0
     job_overhead_sd: float = 0.0
+    job_tail_s: float = 0.0
     run_cv: float = 0.0
     calibration_cov: tuple[tuple[float, ...], ...] | None = None
     calibration_dof: float | None = None
@@ -157,10 +161,16 @@ class Profile:
             ("trial_overhead_s", self.trial_overhead_s),
             ("job_overhead_s", self.job_overhead_s),
             ("job_overhead_sd", self.job_overhead_sd),
+            ("job_tail_s", self.job_tail_s),
             ("run_cv", self.run_cv),
         ):
             if not value >= 0:
                 raise ProfileError(f"profile.{name}: must be >= 0, got {value}")
+        if self.job_tail_s > self.job_overhead_s:
+            raise ProfileError(
+                f"profile.job_tail_s: {self.job_tail_s:g} is part of job_overhead_s "
+                f"({self.job_overhead_s:g}), so at most that"
+            )
         if self.calibration_cov is not None:
             cov = tuple(tuple(float(v) for v in row) for row in self.calibration_cov)
             object.__setattr__(self, "calibration_cov", cov)
@@ -221,6 +231,7 @@ class Profile:
             "trial_overhead_s": spec.trial_overhead_s,
             "job_overhead_s": spec.job_overhead_s,
             "job_overhead_sd": spec.job_overhead_sd,
+            "job_tail_s": spec.job_tail_s,
             "run_cv": spec.run_cv,
             "calibration_cov": spec.calibration_cov,
             "calibration_dof": spec.calibration_dof,
@@ -307,6 +318,8 @@ class Profile:
             out["job_overhead_s"] = self.job_overhead_s
         if self.job_overhead_sd:
             out["job_overhead_sd"] = self.job_overhead_sd
+        if self.job_tail_s:
+            out["job_tail_s"] = self.job_tail_s
         if self.run_cv:
             out["run_cv"] = self.run_cv
         if self.calibration_cov is not None:
