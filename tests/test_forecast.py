@@ -80,12 +80,16 @@ def test_the_job_and_segment_overheads_are_in_the_forecast() -> None:
 
 def test_the_jobs_tail_is_forecast_after_its_last_stage() -> None:
     overhead = {"seconds_per_unit": {1: 10.0}, "job_overhead_s": 4.0}
-    before = plan_job(parse_job(job(profile=overhead)), samples=20).forecast()
+    priced = {"price_per_hour": 7.2}
+    before = plan_job(parse_job(job(profile=overhead, compute=priced)), samples=20)
     tail = {**overhead, "job_tail_s": 3.0}  # 3 of the job's 4 s come after its last segment
-    after = plan_job(parse_job(job(profile=tail)), samples=20).forecast()
-    assert after["jct_s"] == before["jct_s"]
-    for name, stage in after["stages"].items():
-        assert stage["end_s"]["p50"] == before["stages"][name]["end_s"]["p50"] - 3.0
+    after = plan_job(parse_job(job(profile=tail, compute=priced)), samples=20)
+    assert after.forecast()["jct_s"] == before.forecast()["jct_s"]
+    for name, stage in after.forecast()["stages"].items():
+        assert stage["end_s"]["p50"] == before.forecast()["stages"][name]["end_s"]["p50"] - 3.0
+    # The slots are released before the job's end: no plan, static ones included, pays more.
+    assert after.to_dict()["cost_usd"] == before.to_dict()["cost_usd"]
+    assert after.to_dict()["baselines"] == before.to_dict()["baselines"]
 
 
 def test_a_catalog_given_plans_on_its_types() -> None:

@@ -2,7 +2,7 @@
 
 Each chain (bracket) runs its stages in order with a barrier between them, from the job's
 start plus the profile's ``job_overhead_s`` (what a job spends outside its segments, counted
-before the first but its ``job_tail_s``, which ends the chain after its last stage; drawn
+before the first except its ``job_tail_s``, which ends the chain after its last stage; drawn
 once per sample with its spread ``job_overhead_sd``, the same for every chain). At a barrier
 the stage's pool is resized: surplus nodes are released (the newest first, so survivors keep
 their nodes and nothing migrates) and missing ones are requested (queueing plus startup,
@@ -193,8 +193,9 @@ class PlanSimulator:
         chains = []
         for run in runs:
             closing = run.closing_cost
-            if plan.hold:  # a static pool is paid for until the whole job ends
-                closing = sum((c.bill(jct) for c in run.held), np.zeros(self.samples))
+            if plan.hold:  # a static pool is paid for until the last chain's last stage ends
+                released = jct - self.profile.job_tail_s
+                closing = sum((c.bill(released) for c in run.held), np.zeros(self.samples))
             chains.append((run, run.released_cost + closing))
         cost = chains[0][1] if len(chains) == 1 else np.sum([c for _, c in chains], axis=0)
         return Outcome(jct, cost, self.quantile, tuple(chains))
@@ -227,8 +228,9 @@ class PlanSimulator:
         trace = Trace()
         runs = [self._simulate(chain, trace) for chain in plan.chains]
         trace.jct = float(max(run.end[0] for run in runs))
+        tail = self.profile.job_tail_s  # the job's end, after its pool is released
         for run in runs:
-            until = np.array([trace.jct]) if plan.hold else run.ends[-1]
+            until = np.array([trace.jct - tail]) if plan.hold else run.ends[-1]
             trace.cost += float(run.released_cost[0])
             trace.cost += float(sum(pool.bill(until)[0] for pool in run.held))
             for pool in run.held:

@@ -107,7 +107,7 @@ class Profile:
         trial_overhead_s: Seconds a trial's first segment adds to ``overhead_s`` (the
             sampler's proposal, the trial's MLflow run).
         job_overhead_s: Seconds a job spends outside its segments (the cost simulator
-            counts them before the first, but ``job_tail_s``).
+            counts them before the first, except ``job_tail_s``).
         job_overhead_sd: Their spread from one run of the job to the next.
         job_tail_s: Of ``job_overhead_s``, the seconds after the last segment (the last
             decisions written, the best model registered), which the cost simulator counts
