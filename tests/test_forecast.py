@@ -90,6 +90,11 @@ def test_the_jobs_tail_is_forecast_after_its_last_stage() -> None:
     # The slots are released before the job's end: no plan, static ones included, pays more.
     assert after.to_dict()["cost_usd"] == before.to_dict()["cost_usd"]
     assert after.to_dict()["baselines"] == before.to_dict()["baselines"]
+    # Drawn with a spread, the overhead keeps its whole spread in the JCT, the tail or not.
+    spread = {**overhead, "job_overhead_sd": 2.0}
+    whole = plan_job(parse_job(job(profile=spread)), samples=200).forecast()["jct_s"]
+    split = {**spread, "job_tail_s": 4.0}
+    assert plan_job(parse_job(job(profile=split)), samples=200).forecast()["jct_s"] == whole
 
 
 def test_a_catalog_given_plans_on_its_types() -> None:

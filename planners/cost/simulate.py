@@ -2,20 +2,20 @@
 
 Each chain (bracket) runs its stages in order with a barrier between them, from the job's
 start plus the profile's ``job_overhead_s`` (what a job spends outside its segments, counted
-before the first except its ``job_tail_s``, which ends the chain after its last stage; drawn
-once per sample with its spread ``job_overhead_sd``, the same for every chain). At a barrier
-the stage's pool is resized: surplus nodes are released (the newest first, so survivors keep
-their nodes and nothing migrates) and missing ones are requested (queueing plus startup,
-sampled). A change of instance type releases the whole pool. Trials are placed best-fit
-(§5.5); each slot starts as soon as its node is ready and runs its trials one after another,
-each segment's time drawn from the profile (normal: CLT per segment plus the straggler
-spread) times the run's speed (``run_cv``: one draw per sample for all its segments). Where
-the profile was calibrated, the calibration's error in its overheads and unit time
-(``calibration_cov``) is drawn once per sample too, and moves the job's overhead and every
-segment of the sample alike (``planners.cost.layout``): a forecast made from a few short
-runs is uncertain by more than the runs' own spread. The stage ends with its last slot.
-Every node is billed by its type's rule from request (or from running) to release. Chains
-run side by side; JCT is the last chain's end.
+before the first but for the share ``job_tail_s`` of it that ends the chain after its last
+stage; drawn once per sample with its spread ``job_overhead_sd``, the same for every chain,
+and split in that proportion). At a barrier the stage's pool is resized: surplus nodes are
+released (the newest first, so survivors keep their nodes and nothing migrates) and missing
+ones are requested (queueing plus startup, sampled). A change of instance type releases the
+whole pool. Trials are placed best-fit (§5.5); each slot starts as soon as its node is ready
+and runs its trials one after another, each segment's time drawn from the profile (normal:
+CLT per segment plus the straggler spread) times the run's speed (``run_cv``: one draw per
+sample for all its segments). Where the profile was calibrated, the calibration's error in
+its overheads and unit time (``calibration_cov``) is drawn once per sample too, and moves
+the job's overhead and every segment of the sample alike (``planners.cost.layout``): a
+forecast made from a few short runs is uncertain by more than the runs' own spread. The
+stage ends with its last slot. Every node is billed by its type's rule from request (or from
+running) to release. Chains run side by side; JCT is the last chain's end.
 
 Spot capacity [OWN model]: a stage may run on spot instances (``StagePlan.market``), at
 the catalog's discounted price. Each running spot instance is interrupted as a Poisson
@@ -86,6 +86,7 @@ class _ChainState:
 
     now: Array  # when the last stage ended
     released: Array  # dollars of the nodes released so far
+    tail: Array  # the job's own end, after the last stage
     pool: NodePool | None = None
     starts: list[Array] = field(default_factory=list)
     ends: list[Array] = field(default_factory=list)
@@ -93,9 +94,10 @@ class _ChainState:
     lost: list[Array] = field(default_factory=list)
 
     @classmethod
-    def start(cls, at: Array) -> _ChainState:
-        """A chain before its first stage, which starts ``at`` seconds into the job."""
-        return cls(at, np.zeros_like(at))
+    def start(cls, at: Array, tail: Array) -> _ChainState:
+        """A chain before its first stage, which starts ``at`` seconds into the job; the
+        job ends ``tail`` seconds after its last stage."""
+        return cls(at, np.zeros_like(at), tail)
 
     @property
     def stages(self) -> int:
@@ -123,11 +125,11 @@ class _ChainState:
         if trace is not None:
             trace.release(gone.ids, float(self.now[0]))
 
-    def run(self, tail: float) -> ChainRun:
-        """The chain simulated to its end, ``tail`` seconds after its last stage (the job's
-        own end); its pool is released at the last stage's end."""
+    def run(self) -> ChainRun:
+        """The chain simulated to its end, its tail after its last stage; its pool is
+        released at the last stage's end."""
         return ChainRun(
-            self.now + tail,
+            self.now + self.tail,
             self.released,
             self.held.bill(self.now),
             (self.held,),
@@ -194,7 +196,7 @@ class PlanSimulator:
         for run in runs:
             closing = run.closing_cost
             if plan.hold:  # a static pool is paid for until the last chain's last stage ends
-                released = jct - self.profile.job_tail_s
+                released = np.max([run.ends[-1] for run in runs], axis=0)
                 closing = sum((c.bill(released) for c in run.held), np.zeros(self.samples))
             chains.append((run, run.released_cost + closing))
         cost = chains[0][1] if len(chains) == 1 else np.sum([c for _, c in chains], axis=0)
@@ -228,9 +230,9 @@ class PlanSimulator:
         trace = Trace()
         runs = [self._simulate(chain, trace) for chain in plan.chains]
         trace.jct = float(max(run.end[0] for run in runs))
-        tail = self.profile.job_tail_s  # the job's end, after its pool is released
+        last = max(run.ends[-1][0] for run in runs)  # the pools go before the job's end
         for run in runs:
-            until = np.array([trace.jct - tail]) if plan.hold else run.ends[-1]
+            until = np.array([last]) if plan.hold else run.ends[-1]
             trace.cost += float(run.released_cost[0])
             trace.cost += float(sum(pool.bill(until)[0] for pool in run.held))
             for pool in run.held:
@@ -251,9 +253,8 @@ class PlanSimulator:
 
     def _simulate(self, chain: tuple[StagePlan, ...], trace: Trace | None = None) -> ChainRun:
         nominal = trace is not None  # one sample at the means, recorded node by node
-        profile = self.profile
-        startup = np.full(1, profile.job_overhead_s - profile.job_tail_s)
-        state = _ChainState.start(startup) if nominal else self._resume(chain)
+        overhead = np.full(1, self.profile.job_overhead_s)
+        state = self._start(overhead) if nominal else self._resume(chain)
         for length, stage in enumerate(chain[state.stages :], start=state.stages + 1):
             instance = self.catalog.get(stage.instance_type, "plan.instance_type")
             price = instance.price(stage.market)  # checks that a spot stage has spot prices
@@ -262,7 +263,7 @@ class PlanSimulator:
             state.rates.append(price / 3600 * state.held.count)
             if not nominal and length < len(chain):  # whole chains are cached by chain()
                 self._prefixes[chain[:length]] = state.copy()
-        return state.run(profile.job_tail_s)
+        return state.run()
 
     def _resume(self, chain: tuple[StagePlan, ...]) -> _ChainState:
         """Candidate plans mostly differ in a late stage: the state after the longest prefix
@@ -275,8 +276,7 @@ class PlanSimulator:
         # again errs on the safe side.
         profile = self.profile
         shift = None if self._fit is None else self._fit[:, 0]
-        start = self.draws.job(profile.job_overhead_s, profile.job_overhead_sd, shift)
-        state = _ChainState.start(np.maximum(start - profile.job_tail_s, 0.0))
+        state = self._start(self.draws.job(profile.job_overhead_s, profile.job_overhead_sd, shift))
         last = self.holding.get(chain[0].bracket)
         if last is not None:  # in flight: it holds its last stage's nodes, ready now
             instance = self.catalog.get(last.instance_type, "plan.instance_type")
@@ -285,6 +285,14 @@ class PlanSimulator:
             fails = self.draws.lifetimes(last, HELD, last.instances, rate) if rate > 0 else None
             state.pool = NodePool(instance, last.market, zero, zero, fails)
         return state
+
+    def _start(self, overhead: Array) -> _ChainState:
+        """A chain at the job's start, the job's overhead drawn: the tail's share of it
+        (``job_tail_s`` of ``job_overhead_s``) after the last stage, the rest before the
+        first, so that its spread moves the JCT as it did whole."""
+        profile = self.profile
+        share = profile.job_tail_s / profile.job_overhead_s if profile.job_overhead_s else 0.0
+        return _ChainState.start(overhead * (1 - share), overhead * share)
 
     def _provision(
         self, state: _ChainState, stage: StagePlan, instance: InstanceType, trace: Trace | None
