@@ -191,7 +191,7 @@ SPOT = parse_catalog(
     ("changes", "catalog"),
     [
         ({"budget": {"max_cost_usd": 3}}, CATALOG),  # no deadline to hedge for
-        ({"budget": {"deadline": "40m", "max_cost_usd": 1.5}}, CATALOG),  # over the budget
+        ({"budget": {"deadline": "45m", "max_cost_usd": 1.25}}, CATALOG),  # over the budget
         (  # Hyperband: brackets start side by side, not one first stage
             {
                 "budget": {"deadline": "40m"},

@@ -69,11 +69,25 @@ def test_the_profiles_errors_start_the_job_on_the_cheapest_gpus() -> None:
     assert p95(planner, start) <= 2200
 
 
-def test_a_loose_deadline_starts_on_fewer_nodes_than_rubberband() -> None:
-    # Three nodes cost least on the mean in dollars, where the slow errors weigh most; next
-    # to what knowing each error would cost, one costs less: a fast truth needs no more,
-    # and a slow one is found out after one segment with time left to buy speed.
-    planner = replanner(deadline=4000)
+@pytest.mark.parametrize("deadline", [4000, 6000])
+def test_a_loose_deadline_still_measures_half_the_first_stage_at_once(deadline: float) -> None:
+    # Next to what knowing each error would cost, one node costs least here (a fast truth
+    # needs no more, a slow one is found out with time left to buy speed), and so does
+    # RubberBand's own at 6000 s. But every later decision reads the first wave, and one
+    # segment says little of the speed and nothing of its spread: the start runs at least
+    # half the stage at once, on the cheapest GPUs.
+    planner = replanner(deadline=deadline)
+    own = planner.plan(PROFILE).plan.stages[0]
+    first = recourse_start(planner, PROFILE).stages[0]
+    assert 2 * first_wave(own, planner.catalog) < 9
+    assert first.instance_type == "g5.xlarge"
+    assert 2 * first_wave(first, planner.catalog) >= 9
+
+
+def test_where_no_first_wave_can_hold_half_the_stage_the_start_is_chosen_among_all() -> None:
+    # Four GPUs at most: no wave reaches five of the nine trials. The start still weighs
+    # the profile's errors, and at a loose deadline runs on fewer nodes than RubberBand's.
+    planner = Replanner(read_catalog(), TYPES, JOB, deadline=4000, samples=50, max_gpus=4)
     own = planner.plan(PROFILE).plan.stages[0]
     first = recourse_start(planner, PROFILE).stages[0]
     assert (own.instance_type, first.instance_type) == ("g5.xlarge", "g5.xlarge")
