@@ -11,6 +11,7 @@ from planners.cost.billing import BillingRule
 from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.local import LOCAL, LocalType
 from planners.cost.recourse import (
+    MIN_WAVE,
     _after,
     _scaled,
     first_options,
@@ -75,13 +76,22 @@ def test_a_loose_deadline_still_measures_half_the_first_stage_at_once(deadline: 
     # needs no more, a slow one is found out with time left to buy speed), and so does
     # RubberBand's own at 6000 s. But every later decision reads the first wave, and one
     # segment says little of the speed and nothing of its spread: the start runs at least
-    # half the stage at once, on the cheapest GPUs.
+    # half the stage at once (nine trials: fewer than MIN_WAVE), on the cheapest GPUs.
     planner = replanner(deadline=deadline)
     own = planner.plan(PROFILE).plan.stages[0]
     first = recourse_start(planner, PROFILE).stages[0]
     assert 2 * first_wave(own, planner.catalog) < 9
     assert first.instance_type == "g5.xlarge"
     assert 2 * first_wave(first, planner.catalog) >= 9
+
+
+def test_a_large_first_stage_measures_fourteen_segments_at_once_not_half_of_it() -> None:
+    # Sixty trials: fourteen segments read the spread as well as thirty would, and a wave of
+    # thirty is dear where the truth is fast. The costing alone would start on ten nodes.
+    job = [Stage(0, 0, 60, 0, 1), Stage(0, 1, 20, 1, 3), Stage(0, 2, 6, 3, 9)]
+    planner = replanner(job=job, deadline=4000)
+    first = recourse_start(planner, PROFILE).stages[0]
+    assert MIN_WAVE <= first_wave(first, planner.catalog) < 30
 
 
 def test_where_no_first_wave_can_hold_half_the_stage_the_start_is_chosen_among_all() -> None:

@@ -14,9 +14,10 @@ errors, the nearest to the least any option costs at each error (a cost near wha
 the error would cost, where the truth is fast and everything is cheap as where it is
 slow), among those that leave the deadline within reach at every error where RubberBand's
 own first stage does, and whose plan meets the deadline under the profile itself (the
-plan shown is still one that meets it). Where some of them run at least half the stage
-in their first wave, only those: that wave's segments are all the job has measured when
-it first re-plans, and a few of them misread the speed and its spread.
+plan shown is still one that meets it). Where some of them run at least
+:data:`MIN_WAVE` trials in their first wave (half the stage, if that is fewer), only
+those: that wave's segments are all the job has measured when it first re-plans, and a
+few of them misread the speed and its spread.
 
 Measured on the re-planning benchmark's job (``python benchmarks/replan.py``;
 docs/benchmarks.md): 97.1% of the deadlines at 1.12x the cost of the plan that knew the
@@ -64,6 +65,11 @@ from planners.staging import Profile, Stage, Timing
 #: ``points + 1`` RubberBand plans of the rest (32 options, 27 trials on two types: 1-6 s;
 #: 59, examples/cloud.yaml's 81 trials on three types: 36 s).
 MAX_OPTIONS = 40
+
+#: The segments a start's first wave measures where an option runs that many at once
+#: (half the stage, if that is fewer): the straggler spread read from 14 segments has a
+#: relative standard error of 1/sqrt(2 * 13), about 0.2.
+MIN_WAVE = 14
 
 
 class NoStart(ValueError):
@@ -116,7 +122,7 @@ def recourse_start(
         plans.append(plan)
         costs.append([k.cost for k in known])
         meets.append([k.meets for k in known])
-        measures.append(2 * wave.trials >= first.trials)
+        measures.append(wave.trials >= min(MIN_WAVE, math.ceil(first.trials / 2)))
     if not plans:
         raise NoStart("no first stage meets the deadline under the profile")
     # Each option's cost at an error over the least any option costs there: the goal is
@@ -129,9 +135,9 @@ def recourse_start(
     kept = np.array(meets)
     if plans[0].stages[0] == options[0]:
         ratio[~(kept >= kept[0]).all(axis=1)] = np.inf
-    # The first wave's segments are all the job has measured when it first re-plans: a
-    # wave of fewer than half the stage reads the speed, and its spread, from too few.
-    # (A profile held exact, one point, has nothing to learn.)
+    # The first wave's segments are all the job has measured when it first re-plans:
+    # fewer than MIN_WAVE (or half the stage) read the speed, and its spread, too
+    # loosely. A profile held exact (one point) has nothing to learn.
     wide = np.array(measures) & np.isfinite(ratio)
     if points > 1 and wide.any():
         ratio[~wide] = np.inf
