@@ -86,8 +86,8 @@ def test_a_loose_deadline_still_measures_half_the_first_stage_at_once(deadline: 
 
 
 def test_a_large_first_stage_measures_fourteen_segments_at_once_not_half_of_it() -> None:
-    # Sixty trials: fourteen segments read the spread as well as thirty would, and a wave of
-    # thirty is dear where the truth is fast. The costing alone would start on ten nodes.
+    # Sixty trials: fourteen segments read the spread within about a fifth of itself, and
+    # a wave of thirty is dear where the truth is fast. The costing alone starts on ten.
     job = [Stage(0, 0, 60, 0, 1), Stage(0, 1, 20, 1, 3), Stage(0, 2, 6, 3, 9)]
     planner = replanner(job=job, deadline=4000)
     first = recourse_start(planner, PROFILE).stages[0]
