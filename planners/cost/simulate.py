@@ -192,11 +192,12 @@ class PlanSimulator:
     def run(self, plan: AllocationPlan) -> Outcome:
         runs = [self.chain(chain) for chain in plan.chains]
         jct = runs[0].end if len(runs) == 1 else np.max([run.end for run in runs], axis=0)
+        # A static pool is paid for until the last chain's last stage ends.
+        released = np.max([run.ends[-1] for run in runs], axis=0) if plan.hold else None
         chains = []
         for run in runs:
             closing = run.closing_cost
-            if plan.hold:  # a static pool is paid for until the last chain's last stage ends
-                released = np.max([run.ends[-1] for run in runs], axis=0)
+            if released is not None:
                 closing = sum((c.bill(released) for c in run.held), np.zeros(self.samples))
             chains.append((run, run.released_cost + closing))
         cost = chains[0][1] if len(chains) == 1 else np.sum([c for _, c in chains], axis=0)
