@@ -107,6 +107,7 @@ def recourse_start(
         raise ValueError(f"prior_error must be > 0, got {error}")
     errors = profile_errors(points, error)
     first = chains[0][0]
+    wide_wave = min(MIN_WAVE, math.ceil(first.trials / 2))
     plans: list[AllocationPlan] = []
     costs: list[list[float]] = []
     meets: list[list[bool]] = []
@@ -122,7 +123,7 @@ def recourse_start(
         plans.append(plan)
         costs.append([k.cost for k in known])
         meets.append([k.meets for k in known])
-        measures.append(wave.trials >= min(MIN_WAVE, math.ceil(first.trials / 2)))
+        measures.append(wave.trials >= wide_wave)
     if not plans:
         raise NoStart("no first stage meets the deadline under the profile")
     # Each option's cost at an error over the least any option costs there: the goal is

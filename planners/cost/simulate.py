@@ -140,6 +140,12 @@ class _ChainState:
         )
 
 
+def _static_release(runs: Sequence[ChainRun]) -> Array:
+    """When a static pool is released: the last chain's last stage end (its nodes go
+    before the job's tail), per sample."""
+    return np.max([run.ends[-1] for run in runs], axis=0)
+
+
 class PlanSimulator:
     """Prices allocation plans by Monte Carlo (see the module docstring).
 
@@ -192,8 +198,7 @@ class PlanSimulator:
     def run(self, plan: AllocationPlan) -> Outcome:
         runs = [self.chain(chain) for chain in plan.chains]
         jct = runs[0].end if len(runs) == 1 else np.max([run.end for run in runs], axis=0)
-        # A static pool is paid for until the last chain's last stage ends.
-        released = np.max([run.ends[-1] for run in runs], axis=0) if plan.hold else None
+        released = _static_release(runs) if plan.hold else None
         chains = []
         for run in runs:
             closing = run.closing_cost
@@ -231,9 +236,9 @@ class PlanSimulator:
         trace = Trace()
         runs = [self._simulate(chain, trace) for chain in plan.chains]
         trace.jct = float(max(run.end[0] for run in runs))
-        last = max(run.ends[-1][0] for run in runs)  # the pools go before the job's end
+        released = _static_release(runs) if plan.hold else None
         for run in runs:
-            until = np.array([last]) if plan.hold else run.ends[-1]
+            until = run.ends[-1] if released is None else released
             trace.cost += float(run.released_cost[0])
             trace.cost += float(sum(pool.bill(until)[0] for pool in run.held))
             for pool in run.held:
