@@ -49,7 +49,7 @@ from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.draws import DURATION
 from planners.cost.recourse import first_options, recourse_start, start_on
-from planners.cost.replan import ProfileEstimate, Replanner, first_wave, part
+from planners.cost.replan import ProfileEstimate, Replanner, begun, first_wave, part
 from planners.cost.rubberband import RubberBand
 from planners.cost.simulate import PlanSimulator
 from planners.staging import Profile, Stage
@@ -97,40 +97,69 @@ def play(
 ) -> tuple[float, float, int]:
     """Run ``plan`` (one chain) in ``world``. With ``decide``, the remaining work may be
     re-planned after the first wave of every stage that runs in several waves, and at every
-    barrier, as the flow does. A first wave's decision that keeps the plan lets the stage
-    run on as one; one that changes it runs the stage's rest as a part of its own after a
-    barrier (the flow starts the rest beside the first wave's stragglers, so this makes a
-    changed run a little slower than the flow's). Returns the JCT, the cost and how many
-    decisions changed the plan."""
+    barrier, as the flow does. The flow decides inside a stage when its first wave's
+    segments have finished, each freed slot having begun another trial meanwhile: the
+    decision sizes only the trials not begun, and a stage whose trials have all begun runs
+    on as one on its nodes, the decision changing the stages after it. The trials not
+    begun, where the decision changes them, run as a part of their own after a barrier
+    (the flow starts them beside the stragglers: a changed run here is a little slower).
+    Returns the JCT, the cost and how many decisions changed the plan."""
+    totals = {(s.bracket, s.rung): s.trials for s in plan.chains[0]}
     executed: list[StagePlan] = []
     finished: dict[tuple[int, int], int] = {}
     remaining, changes = plan, 0
+    unseen: list[SegmentTime] = []  # segments run, not yet told to a decision
     while True:
         stage = remaining.chains[0][0]
         key = (stage.bracket, stage.rung)
         wave = first_wave(stage, world.catalog)
-        inside = decide is not None and key not in finished and wave < stage.trials
-        piece = part(stage, 0, wave) if inside else stage
         # Parts of one stage draw apart: their own rung in the world's keys.
         rung = stage.rung + 100 * len(executed)
-        finished[key] = finished.get(key, 0) + piece.trials
-        elapsed, spent = _so_far(world, [*executed, piece.replace(rung=rung)])
-        rest = chosen = _rest(remaining, piece)
-        if decide is not None and rest is not None:
-            segments = segment_times(world, piece.replace(rung=rung))
-            chosen = decide(rest, dict(finished), elapsed, spent, piece, segments)
-            if inside and chosen == rest:  # kept: the whole stage, no barrier in it
-                piece, finished[key] = stage, stage.trials
-                elapsed, spent = _so_far(world, [*executed, stage.replace(rung=rung)])
-                rest = chosen = _rest(remaining, stage)
-                if rest is not None:
-                    segments = segment_times(world, stage.replace(rung=rung))[wave:]
-                    chosen = decide(rest, dict(finished), elapsed, spent, stage, segments)
-        executed.append(piece.replace(rung=rung))
-        if rest is None or chosen is None:
+        told = 0
+        if decide is not None and key not in finished and wave < stage.trials:
+            remaining, changed = _first_wave(world, remaining, executed, finished, decide, rung)
+            stage, told, changes = remaining.chains[0][0], wave, changes + changed
+        piece = stage.replace(rung=rung)
+        finished[key] = finished.get(key, 0) + stage.trials
+        elapsed, spent = _so_far(world, [*executed, piece])
+        executed.append(piece)
+        unseen += segment_times(world, piece)[told:]
+        rest = _rest(remaining, stage)
+        if rest is None:
             return elapsed, spent, changes
-        changes += chosen != rest
-        remaining = chosen
+        if decide is None or finished[key] < totals[key]:  # no barrier: no decision
+            remaining = rest
+            continue
+        chosen = decide(rest, dict(finished), elapsed, spent, stage, unseen)
+        unseen, changes, remaining = [], changes + (chosen != rest), chosen
+
+
+def _first_wave(
+    world: PlanSimulator,
+    remaining: AllocationPlan,
+    executed: list[StagePlan],
+    finished: dict[tuple[int, int], int],
+    decide: Callable[..., AllocationPlan],
+    rung: int,
+) -> tuple[AllocationPlan, bool]:
+    """The decision when the first wave of ``remaining``'s first stage has reported (drawn
+    at ``rung``), whether it changed the plan, and the plan from that stage's start on:
+    the trials begun by then run on the stage's own nodes."""
+    stage = remaining.chains[0][0]
+    wave = first_wave(stage, world.catalog)
+    first = part(stage, 0, wave)
+    drawn = first.replace(rung=rung)
+    elapsed, spent = _so_far(world, [*executed, drawn])
+    rest = _rest(remaining, first)
+    assert rest is not None
+    done = {**finished, (stage.bracket, stage.rung): wave}
+    chosen = decide(rest, done, elapsed, spent, first, segment_times(world, drawn))
+    started = begun(stage, world.catalog)
+    if chosen == rest or started == stage.trials:
+        return AllocationPlan(((stage, *chosen.chains[0][1:]),)), chosen != rest
+    after = chosen.chains[0]
+    head = part(stage, 0, started)
+    return AllocationPlan(((head, part(after[0], started - wave), *after[1:]),)), True
 
 
 def _so_far(world: PlanSimulator, executed: list[StagePlan]) -> tuple[float, float]:

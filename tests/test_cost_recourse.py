@@ -12,14 +12,14 @@ from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.local import LOCAL, LocalType
 from planners.cost.recourse import (
     MIN_WAVE,
-    _after,
+    _known,
     _scaled,
     first_options,
     profile_errors,
     recourse_start,
     start_on,
 )
-from planners.cost.replan import Replanner, first_wave, left_to_run, part
+from planners.cost.replan import Replanner, begun, first_wave, left_to_run, part
 from planners.staging import Profile, Stage
 
 TYPES = ["g5.xlarge", "g5.12xlarge"]
@@ -109,9 +109,11 @@ def test_no_deadline_rubberbands_start_keeps_within_reach_is_given_up() -> None:
     errors = profile_errors(7, 0.5)  # the seven recourse_start weighs by default
 
     def within_reach(first: StagePlan) -> list[bool]:
-        wave = part(first, 0, first_wave(first, planner.catalog))
-        left = left_to_run(planner.stages, {(0, 0): wave.trials})
-        return [_after(planner, _scaled(PROFILE, e), wave, left).meets for e in errors]
+        plan = start_on(planner, PROFILE, first)
+        assert plan is not None
+        ran = part(first, 0, begun(first, planner.catalog))
+        left = left_to_run(planner.stages, {(0, 0): ran.trials})
+        return [_known(planner, _scaled(PROFILE, e), plan, ran, left).meets for e in errors]
 
     own = within_reach(planner.plan(PROFILE).plan.stages[0])
     start = within_reach(recourse_start(planner, PROFILE).stages[0])

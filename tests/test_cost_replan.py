@@ -13,6 +13,7 @@ from planners.cost.replan import (
     ProfileEstimate,
     Reason,
     Replanner,
+    begun,
     first_wave,
     left_to_run,
     part,
@@ -324,3 +325,17 @@ def test_a_replan_also_starts_from_the_plan_made_as_if_no_node_were_held() -> No
     assert decision.reason is Reason.CHEAPER
     assert decision.chosen.cost_mean < decision.kept.cost_mean * 0.95
     assert "g5.xlarge" in {s.instance_type for s in decision.plan.stages}
+
+
+@pytest.mark.parametrize(
+    ("instances", "trials", "wave", "started"), [(14, 27, 14, 27), (4, 27, 4, 7), (1, 3, 1, 1)]
+)
+def test_a_first_waves_report_finds_the_slots_it_freed_on_the_next_trials(
+    instances: int, trials: int, wave: int, started: int
+) -> None:
+    # Each of the wave's slots freed before its last report began another trial; the last
+    # one's slot begins its next after the decision, on the plan the decision leaves.
+    catalog = read_catalog()
+    stage = StagePlan(0, 0, (GpuTier(trials, 1.0, 1.0),), "g5.xlarge", instances)
+    assert first_wave(stage, catalog) == wave
+    assert begun(stage, catalog) == started

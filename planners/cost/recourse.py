@@ -3,34 +3,36 @@
 
 RubberBand's plan is the cheapest one if the profile is right. A job re-planned in flight
 (:mod:`planners.cost.replan`) learns what the profile got wrong from its first wave, and
-everything after that wave is bought knowing it; the first wave is all that a wrong
-profile buys before anything is measured. So :func:`recourse_start` costs each of
-RubberBand's options for the first stage under every error the profile may have
+everything not begun by then is bought knowing it; the trials begun when that wave has
+reported (the wave and, on each slot it freed, the next trial: :func:`begun`) are all
+that a wrong profile buys before anything is measured. So :func:`recourse_start` costs
+each of RubberBand's options for the first stage under every error the profile may have
 (``points`` equally likely errors, the quantiles of a lognormal with relative sd
 ``prior_error``, the one :class:`~planners.cost.replan.ProfileEstimate` gives the
-profile): its first wave, and the cheapest plan for the rest made knowing the error once
-that wave is done. It starts the job on the option whose cost is, on the mean over the
-errors, the nearest to the least any option costs at each error (a cost near what knowing
-the error would cost, where the truth is fast and everything is cheap as where it is
-slow), among those that leave the deadline within reach at every error where RubberBand's
-own first stage does, and whose plan meets the deadline under the profile itself (the
-plan shown is still one that meets it). Where some of them run at least
-:data:`MIN_WAVE` trials in their first wave (half the stage, if that is fewer), only
-those: that wave's segments are all the job has measured when it first re-plans, and a
-few of them misread the speed and its spread.
+profile): the trials it has begun, then the cheapest plan for the rest made knowing the
+error, or its own plan kept whole where that costs less and meets the deadline. It starts
+the job on the option whose cost is, on the mean over the errors, the nearest to the
+least any option costs at each error (a cost near what knowing the error would cost,
+where the truth is fast and everything is cheap as where it is slow), among those that
+leave the deadline within reach at every error where RubberBand's own first stage does,
+and whose plan meets the deadline under the profile itself (the plan shown is still one
+that meets it). Where some of them run at least :data:`MIN_WAVE` trials in their first
+wave (half the stage, if that is fewer), only those: that wave's segments are all the
+job has measured when it first re-plans, and a few of them misread the speed and its
+spread.
 
 Measured on the re-planning benchmark's job (``python benchmarks/replan.py``;
-docs/benchmarks.md): 97.1% of the deadlines at 1.12x the cost of the plan that knew the
-true profile (1.09x with the true profile at each decision), against 97.8% at 1.23x from
-RubberBand's plan. It plans the rest of the job for every option under every error: 1-6 s
-for that job (27 trials, 100 samples), 10-30 s for one of 81 trials on two types (200
-samples), against 0.03-0.1 s for RubberBand's plan. So ``plan_job`` uses it for a first
-stage of at most :data:`MAX_OPTIONS` options (:func:`first_options`); a larger one would
-take minutes. One chain (SHA): a Hyperband job's brackets start side by side.
+docs/benchmarks.md): 95.4% of the deadlines at 1.05x the cost of the plan that knew the
+true profile, against 91.3% at 1.23x from RubberBand's plan. It plans the rest of the job for
+every option under every error: 1-6 s for that job (27 trials, 100 samples), 10-30 s for
+one of 81 trials on two types (200 samples), against 0.03-0.1 s for RubberBand's plan. So
+``plan_job`` uses it for a first stage of at most :data:`MAX_OPTIONS` options
+(:func:`first_options`); a larger one would take minutes. One chain (SHA): a Hyperband
+job's brackets start side by side.
 
 Example (RubberBand's plan runs the first stage on one 4-GPU node, two trials at a time
-on two GPUs each; the recourse start runs five at a time on single-GPU nodes, the
-cheapest GPUs whatever the error, and learns the speed from five segments at once):
+on two GPUs each; the recourse start runs all nine at once on single-GPU nodes, the
+cheapest GPUs whatever the error, and learns the speed from nine segments):
     >>> from planners.cost.catalog import read_catalog
     >>> from planners.cost.replan import Replanner
     >>> from planners.staging import Profile, Stage
@@ -43,7 +45,7 @@ cheapest GPUs whatever the error, and learns the speed from five segments at onc
     ('g5.12xlarge', 1, '2')
     >>> first = recourse_start(replanner, profile).stages[0]
     >>> first.instance_type, first.instances, first.gpus_label
-    ('g5.xlarge', 5, '1')
+    ('g5.xlarge', 9, '1')
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from typing import NamedTuple
 import numpy as np
 
 from planners.cost.allocation import AllocationPlan, StagePlan
-from planners.cost.replan import ProfileEstimate, Replanner, first_wave, left_to_run, part
+from planners.cost.replan import ProfileEstimate, Replanner, begun, first_wave, left_to_run, part
 from planners.cost.sizing import chains_of
 from planners.staging import Profile, Stage, Timing
 
@@ -118,8 +120,9 @@ def recourse_start(
         if plan is None:
             continue  # the plan shown must meet the deadline under its own profile
         wave = part(option, 0, first_wave(option, replanner.catalog))
-        left = left_to_run(replanner.stages, {(first.bracket, first.rung): wave.trials})
-        known = [_after(replanner, _scaled(profile, f), wave, left) for f in errors]
+        ran = part(option, 0, begun(option, replanner.catalog))
+        left = left_to_run(replanner.stages, {(first.bracket, first.rung): ran.trials})
+        known = [_known(replanner, _scaled(profile, f), plan, ran, left) for f in errors]
         plans.append(plan)
         costs.append([k.cost for k in known])
         meets.append([k.meets for k in known])
@@ -182,6 +185,21 @@ class _Rest(NamedTuple):
     stages: tuple[StagePlan, ...]
     cost: float
     meets: bool
+
+
+def _known(
+    replanner: Replanner, profile: Profile, plan: AllocationPlan, ran: StagePlan, left: list[Stage]
+) -> _Rest:
+    """The job started on ``plan``, under ``profile`` known once ``ran`` (the first stage's
+    trials begun when its first wave reports) is done: the cheaper of ``plan`` kept whole,
+    where it meets the deadline, and RubberBand's plan of the rest after ``ran``."""
+    assert replanner.deadline is not None
+    after = _after(replanner, profile, ran, left)
+    kept = replanner.rubberband(profile, None).simulator.run(plan)
+    meets = float(np.quantile(kept.jct, replanner.quantile)) <= replanner.deadline
+    if meets and not (after.meets and after.cost < kept.cost_mean):
+        return _Rest(plan.stages, kept.cost_mean, True)
+    return after
 
 
 def _after(replanner: Replanner, profile: Profile, done: StagePlan, left: list[Stage]) -> _Rest:

@@ -15,32 +15,27 @@ ratios around their width's ratio, mixed with the prior's spread by ``prior_weig
 pseudo-segments.
 
 :class:`Replanner` decides, given the plan, the trials finished per stage, the seconds
-elapsed and the dollars spent, and the updated profile; at a barrier or inside a stage
-(its trials left are then a stage of their own, whose concurrency the new plan may
-change). It prices the plan of the remaining work with
-:class:`~planners.cost.simulate.PlanSimulator` and lets
-:class:`~planners.cost.rubberband.RubberBand` plan it afresh against what is left of the
-deadline. The greedy runs from its usual starts, from the kept plan (a kept plan that
-meets the deadline is the dearest the new one can be) and from the plan it makes as if no
-node were held: a one-stage move off held nodes pays a startup they do not, so the greedy
-can stay on the held type while a pool of another type for several stages is cheaper.
-Then, in this order:
+elapsed and the dollars spent, and the updated profile; at a barrier or inside a stage (its
+trials left are then a stage of their own, whose concurrency the new plan may change). It
+prices the plan of the remaining work with :class:`~planners.cost.simulate.PlanSimulator`
+and lets :class:`~planners.cost.rubberband.RubberBand` plan it afresh against what is left
+of the deadline, each chain holding the nodes of the stage it is running or has just
+finished (``PlanSimulator(holding=...)``: a next stage that keeps them pays no startup).
+The greedy runs from its usual starts, from the kept plan (a kept plan that meets the
+deadline is the dearest the new one can be) and from the plan it makes as if no node were
+held: a one-stage move off held nodes pays a startup they do not, so the greedy can stay
+on the held type while a pool of another type for several stages is cheaper. Then:
 
 - ``deadline_at_risk``: no plan meets the remaining deadline at the quantile: decide as
   below at the highest of :data:`AT_RISK_QUANTILES` at which one does, else go on at the
   fastest plan (RubberBand's infeasible answer); say so. Not the fastest at any price: a
   few scattered segments can read a speed as late that is not;
-- ``late``: the kept plan misses the remaining deadline at the simulator's quantile, and
-  the new plan meets it: switch;
-- ``over_budget``: the kept plan's cost at the quantile exceeds what is left of the
-  budget and the new plan (which meets the deadline) costs less: switch;
+- ``late``: the kept plan misses the deadline left at the quantile, the new one meets it: switch;
+- ``over_budget``: the kept plan's cost at the quantile exceeds the budget left and the new
+  plan (which meets the deadline) costs less: switch;
 - ``cheaper``: the new plan meets both and its mean cost is below the kept plan's by more
   than ``margin`` (a re-plan moves nodes, so a small saving is not worth it): switch;
 - ``on_track``: keep the plan.
-
-The remaining stages are priced as a job of their own whose chains start holding the
-nodes of the stage each has just finished (``PlanSimulator(holding=...)``): a next stage
-that keeps them pays no startup, one that changes type or market releases them.
 
 Example (the profile said 720 s per unit; the first stage measured twice that):
     >>> from planners.cost.catalog import parse_catalog
@@ -459,6 +454,12 @@ def left_to_run(stages: Sequence[Stage], finished: Mapping[tuple[int, int], int]
 def first_wave(stage: StagePlan, catalog: Catalog) -> int:
     """Trials of ``stage`` that start at once on its nodes (its slots)."""
     return len(place(stage.sizes, catalog.get(stage.instance_type).gpus, stage.instances).slots)
+
+
+def begun(stage: StagePlan, catalog: Catalog) -> int:
+    """Trials of ``stage`` begun when its first wave's last segment reports: each earlier
+    report freed a slot that began the next (the last one's begins after the decision)."""
+    return min(stage.trials, 2 * first_wave(stage, catalog) - 1)
 
 
 def part(stage: StagePlan, skip: int, count: int | None = None) -> StagePlan:
