@@ -119,14 +119,13 @@ def recourse_start(
         plan = start_on(replanner, profile, option)
         if plan is None:
             continue  # the plan shown must meet the deadline under its own profile
-        wave = part(option, 0, first_wave(option, replanner.catalog))
         ran = part(option, 0, begun(option, replanner.catalog))
         left = left_to_run(replanner.stages, {(first.bracket, first.rung): ran.trials})
         known = [_known(replanner, _scaled(profile, f), plan, ran, left) for f in errors]
         plans.append(plan)
         costs.append([k.cost for k in known])
         meets.append([k.meets for k in known])
-        measures.append(wave.trials >= wide_wave)
+        measures.append(first_wave(option, replanner.catalog) >= wide_wave)
     if not plans:
         raise NoStart("no first stage meets the deadline under the profile")
     # Each option's cost at an error over the least any option costs there: the goal is
