@@ -9,9 +9,9 @@ played in ``--worlds`` worlds: one draw of the truth's stragglers and startup de
 - **static**: the plan made with the wrong profile, kept to the end;
 - **re-planned**: the start elastune runs, :func:`~planners.cost.recourse.recourse_start`'s
   plan (its first stage chosen for the re-planning to come); after the first wave of a
-  stage that runs in waves and at each stage barrier, the segments measured so far update a
-  :class:`~planners.cost.replan.ProfileEstimate` and a
-  :class:`~planners.cost.replan.Replanner` keeps or changes the remaining work;
+  stage that runs in waves and at each stage barrier, the segments measured so far (and
+  those still running, censored) update a :class:`~planners.cost.estimate.ProfileEstimate`
+  and a :class:`~planners.cost.replan.Replanner` keeps or changes the remaining work;
 - **informed**: the re-planned run's start and moments, each decision made with the true
   profile: what a perfect estimate would buy, a bound on what better estimation can do
   at these moments (a diagnostic);
@@ -40,19 +40,22 @@ import json
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, read_catalog
 from planners.cost.draws import DURATION
+from planners.cost.estimate import ProfileEstimate, Running
+from planners.cost.held import Held
 from planners.cost.recourse import first_options, recourse_start, start_on
-from planners.cost.replan import ProfileEstimate, Replanner, begun, first_wave, part
+from planners.cost.replan import Replanner, first_wave, part
 from planners.cost.rubberband import RubberBand
 from planners.cost.simulate import PlanSimulator
-from planners.staging import Profile, Stage
+from planners.staging import Profile, Stage, place
 
 TYPES = ["g5.xlarge", "g5.12xlarge"]
 JOB = [Stage(0, 0, 27, 0, 1), Stage(0, 1, 9, 1, 3), Stage(0, 2, 3, 3, 9), Stage(0, 3, 1, 9, 27)]
@@ -90,6 +93,24 @@ def segment_times(world: PlanSimulator, stage: StagePlan) -> list[SegmentTime]:
     return out
 
 
+@dataclass
+class _Leg:
+    """A world from a moment of the run on (its start, or a decision inside a stage that
+    changed the stage): the simulator that plays it, the pieces it ran, and the seconds and
+    dollars before it."""
+
+    world: PlanSimulator
+    executed: list[StagePlan] = field(default_factory=list)
+    before_s: float = 0.0
+    before_usd: float = 0.0
+
+    def so_far(self, piece: StagePlan) -> tuple[float, float]:
+        """Seconds and dollars into the job when ``piece``, run after the others, ends."""
+        run = self.world.chain((*self.executed, piece))
+        cost = float(run.released_cost[0] + run.closing_cost[0])
+        return self.before_s + float(run.ends[-1][0]), self.before_usd + cost
+
+
 def play(
     world: PlanSimulator,
     plan: AllocationPlan,
@@ -97,75 +118,126 @@ def play(
 ) -> tuple[float, float, int]:
     """Run ``plan`` (one chain) in ``world``. With ``decide``, the remaining work may be
     re-planned after the first wave of every stage that runs in several waves, and at every
-    barrier, as the flow does. The flow decides inside a stage when its first wave's
-    segments have finished, each freed slot having begun another trial meanwhile: the
-    decision sizes only the trials not begun, and a stage whose trials have all begun runs
-    on as one on its nodes, the decision changing the stages after it. The trials not
-    begun, where the decision changes them, run as a part of their own after a barrier
-    (the flow starts them beside the stragglers: a changed run here is a little slower).
-    Returns the JCT, the cost and how many decisions changed the plan."""
+    barrier, as the flow does. The flow decides inside a stage when as many of its segments
+    have finished as its first wave holds, each one before the last having begun another
+    trial on the slot it freed (:func:`_first_wave`): those run on where they are, and a
+    decision that changes the stage's trials not begun plays the rest of the run in a world
+    of its own from then on, the trials running drawn given the time they have run
+    (``planners.cost.held``). Returns the JCT, the cost and how many decisions changed the
+    plan."""
     totals = {(s.bracket, s.rung): s.trials for s in plan.chains[0]}
-    executed: list[StagePlan] = []
+    leg = _Leg(world)
     finished: dict[tuple[int, int], int] = {}
     remaining, changes = plan, 0
     unseen: list[SegmentTime] = []  # segments run, not yet told to a decision
     while True:
         stage = remaining.chains[0][0]
         key = (stage.bracket, stage.rung)
-        wave = first_wave(stage, world.catalog)
         # Parts of one stage draw apart: their own rung in the world's keys.
-        rung = stage.rung + 100 * len(executed)
-        told = 0
-        if decide is not None and key not in finished and wave < stage.trials:
-            remaining, changed = _first_wave(world, remaining, executed, finished, decide, rung)
-            stage, told, changes = remaining.chains[0][0], wave, changes + changed
+        rung = stage.rung + 100 * len(leg.executed)
+        told: frozenset[int] = frozenset()
+        waves = first_wave(stage, world.catalog) < stage.trials
+        if decide is not None and key not in finished and waves:  # unseen is empty here
+            wave = _first_wave(leg, remaining, finished, decide, rung)
+            changes += wave.changed
+            if wave.leg is not None:  # the rest of the stage beside its trials running
+                leg, remaining, finished[key] = wave.leg, wave.plan, wave.begun
+                unseen = list(wave.running)
+                continue
+            remaining, told = wave.plan, wave.told
+            stage = remaining.chains[0][0]
         piece = stage.replace(rung=rung)
         finished[key] = finished.get(key, 0) + stage.trials
-        elapsed, spent = _so_far(world, [*executed, piece])
-        executed.append(piece)
-        unseen += segment_times(world, piece)[told:]
+        elapsed, spent = leg.so_far(piece)
+        leg.executed.append(piece)
+        times = segment_times(leg.world, piece)
+        unseen += [time for trial, time in enumerate(times) if trial not in told]
         rest = _rest(remaining, stage)
         if rest is None:
             return elapsed, spent, changes
         if decide is None or finished[key] < totals[key]:  # no barrier: no decision
             remaining = rest
             continue
-        chosen = decide(rest, dict(finished), elapsed, spent, stage, unseen)
+        chosen = decide(rest, dict(finished), elapsed, spent, Held(stage), unseen)
         unseen, changes, remaining = [], changes + (chosen != rest), chosen
 
 
+class _Wave(NamedTuple):
+    """A first wave's decision as :func:`play` goes on from it: the plan from the stage's
+    start (or, in a new leg, from the decision) and whether it changed; where the stage
+    plays on as one, its trials told to the decision; else the new leg, the trials begun in
+    the stage and the segments of those running (told at the next decision)."""
+
+    plan: AllocationPlan
+    changed: bool
+    told: frozenset[int] = frozenset()
+    leg: _Leg | None = None
+    begun: int = 0
+    running: tuple[SegmentTime, ...] = ()
+
+
 def _first_wave(
-    world: PlanSimulator,
+    leg: _Leg,
     remaining: AllocationPlan,
-    executed: list[StagePlan],
     finished: dict[tuple[int, int], int],
     decide: Callable[..., AllocationPlan],
     rung: int,
-) -> tuple[AllocationPlan, bool]:
-    """The decision when the first wave of ``remaining``'s first stage has reported (drawn
-    at ``rung``), whether it changed the plan, and the plan from that stage's start on:
-    the trials begun by then run on the stage's own nodes."""
+) -> _Wave:
+    """The decision when as many segments of ``remaining``'s first stage (drawn at
+    ``rung``) have finished as its first wave holds: in the world's own order of the stage,
+    its slots running their trials in turn, the trials then running with the time each has
+    run, and the cost so far."""
+    world = leg.world
     stage = remaining.chains[0][0]
-    wave = first_wave(stage, world.catalog)
-    first = part(stage, 0, wave)
-    drawn = first.replace(rung=rung)
-    elapsed, spent = _so_far(world, [*executed, drawn])
-    rest = _rest(remaining, first)
-    assert rest is not None
-    done = {**finished, (stage.bracket, stage.rung): wave}
-    chosen = decide(rest, done, elapsed, spent, first, segment_times(world, drawn))
-    started = begun(stage, world.catalog)
-    if chosen == rest or started == stage.trials:
-        return AllocationPlan(((stage, *chosen.chains[0][1:]),)), chosen != rest
-    after = chosen.chains[0]
-    head = part(stage, 0, started)
-    return AllocationPlan(((head, part(after[0], started - wave), *after[1:]),)), True
+    piece = stage.replace(rung=rung)
+    times = segment_times(world, piece)
+    starts, ends = _timeline(leg, piece, times)
+    now = sorted(ends)[first_wave(stage, world.catalog) - 1]
+    done = frozenset(i for i, end in enumerate(ends) if end <= now)
+    running = [i for i, start in enumerate(starts) if start < now and i not in done]
+    held = Held(stage, tuple(now - starts[i] for i in running))
+    elapsed, spent = leg.before_s + now, leg.before_usd + _spent_by(leg, piece, now)
+    counts = {**finished, (stage.bracket, stage.rung): len(done)}
+    chosen = decide(remaining, counts, elapsed, spent, held, [times[i] for i in done])
+    started = len(done) + len(running)
+    after = remaining.chains[0][1:]
+    kept = (part(stage, started), *after) if started < stage.trials else after
+    changed = chosen.chains[0] != kept
+    if started == stage.trials or chosen.chains[0][0] == kept[0]:
+        later = chosen.chains[0][1:] if started < stage.trials else chosen.chains[0]
+        return _Wave(AllocationPlan(((stage, *later),)), changed, done)
+    # The stage's trials not begun run as the decision says, beside those running.
+    seed = world.draws.seed * 100 + len(leg.executed) + 1
+    new = PlanSimulator(world.catalog, world.profile, samples=1, seed=seed, holding={0: held})
+    left = new.running(0)[0]
+    ran = tuple((*times[i][:2], held.running[k] + left[k]) for k, i in enumerate(running))
+    return _Wave(chosen, True, leg=_Leg(new, [], elapsed, spent), begun=started, running=ran)
 
 
-def _so_far(world: PlanSimulator, executed: list[StagePlan]) -> tuple[float, float]:
-    """Seconds and dollars into the job when the last of ``executed`` ends in ``world``."""
-    run = world.chain(tuple(executed))
-    return float(run.ends[-1][0]), float(run.released_cost[0] + run.closing_cost[0])
+def _timeline(
+    leg: _Leg, piece: StagePlan, times: list[SegmentTime]
+) -> tuple[list[float], list[float]]:
+    """When each trial of ``piece`` starts and ends in ``leg``'s world, from the leg's
+    start: each slot, from its node ready or the barrier before, runs its trials in turn."""
+    world = leg.world
+    run = world.chain((*leg.executed, piece))
+    before = float(run.ends[-2][0]) if len(run.ends) > 1 else 0.0
+    instance = world.catalog.get(piece.instance_type)
+    placement = place(piece.sizes, instance.gpus, piece.instances)
+    ready = run.held[0].ready[0]
+    free = [max(before, float(ready[slot.node])) for slot in placement.slots]
+    starts, ends = [], []
+    for trial, slot in enumerate(placement.trial_slot):
+        starts.append(free[slot])
+        free[slot] += times[trial][2]
+        ends.append(free[slot])
+    return starts, ends
+
+
+def _spent_by(leg: _Leg, piece: StagePlan, now: float) -> float:
+    """Dollars ``leg``'s world has spent ``now`` seconds into it, ``piece`` running."""
+    run = leg.world.chain((*leg.executed, piece))
+    return float(run.released_cost[0] + run.held[0].bill(np.array([now]))[0])
 
 
 def _rest(remaining: AllocationPlan, piece: StagePlan) -> AllocationPlan | None:
@@ -176,33 +248,40 @@ def _rest(remaining: AllocationPlan, piece: StagePlan) -> AllocationPlan | None:
     return AllocationPlan((rest,)) if rest else None
 
 
-def deciding(
-    replanner: Replanner, timed: Callable[[list[SegmentTime]], Profile]
-) -> Callable[..., AllocationPlan]:
+Timed = Callable[[list[SegmentTime], list[Running]], Profile]
+
+
+def deciding(replanner: Replanner, timed: Timed) -> Callable[..., AllocationPlan]:
     """The decision :func:`play` asks for at each moment: ``replanner``'s, with the profile
-    ``timed`` gives once it has the segments measured since the last decision."""
+    ``timed`` gives once it has the segments measured since the last decision and those
+    still running."""
 
     def decide(
         rest: AllocationPlan,
         finished: dict[tuple[int, int], int],
         elapsed: float,
         spent: float,
-        last: StagePlan,
+        held: Held,
         segments: list[SegmentTime],
     ) -> AllocationPlan:
-        profile = timed(segments)
-        return replanner.decide(rest, finished, elapsed, spent, profile, {0: last}).plan
+        trials = [tier for tier in held.stage.tiers for _ in range(tier.trials)]
+        running = [
+            Running(tier.gpus, tier.resource, ran, tier.start == 0)
+            for tier, ran in zip(itertools.cycle(trials), held.running, strict=False)
+        ]
+        profile = timed(segments, running)
+        return replanner.decide(rest, finished, elapsed, spent, profile, {0: held}).plan
 
     return decide
 
 
-def learnt(estimate: ProfileEstimate) -> Callable[[list[SegmentTime]], Profile]:
+def learnt(estimate: ProfileEstimate) -> Timed:
     """The profile the job learns from its own segments, as the flow's re-planner does."""
 
-    def timed(segments: list[SegmentTime]) -> Profile:
+    def timed(segments: list[SegmentTime], running: list[Running]) -> Profile:
         for segment in segments:
             estimate.observe(*segment)
-        return estimate.profile()
+        return estimate.censored(running).profile()
 
     return timed
 
@@ -265,7 +344,7 @@ def decisions(
     segments (a fresh estimate), and knowing it (*informed*)."""
     return {
         "learnt": deciding(replanner, learnt(ProfileEstimate(prior))),
-        "informed": deciding(replanner, lambda segments: truth),
+        "informed": deciding(replanner, lambda segments, running: truth),
     }
 
 

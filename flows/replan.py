@@ -3,14 +3,18 @@
 
 :class:`InFlight` times every segment from its start to its report (on a work pool, at most
 its own time on its worker plus the profile's overhead: not the wait for a node), feeds the
-seconds to the job's :class:`~planners.cost.replan.ProfileEstimate`, and asks the
+seconds to the job's :class:`~planners.cost.estimate.ProfileEstimate`, and asks the
 :class:`~planners.cost.replan.Replanner` whether to keep the plan of the work left at two
 moments of every stage: when as many of its segments have finished as started before its
 first one finished (its first wave, if it has more: the stage's slots, or as many segments
-as a packed stage fits on its GPUs) and when it is done (if stages are left). A changed
-plan sets the concurrency, GPUs per trial and instance type of the stages left in the job's
-execution plan, which admission reads (a packed job's stage packer packs a changed stage's
-segments not yet started over its new GPUs). Each decision is told in the flow's log (the
+as a packed stage fits on its GPUs) and when it is done (if stages are left). Each decision
+is told the segments still running, with the time each has run: they end where they run
+(``planners.cost.held``), the plan sizes the trials not begun, and the speed it is priced
+at counts them as they will likely end (``ProfileEstimate.censored``). A changed plan sets
+the concurrency, GPUs per trial and instance type of the stages left in the job's execution
+plan, which admission reads (a packed job's stage packer packs a changed stage's segments
+not yet started over its new GPUs; a stage moved to another type or market leaves its
+segments running outside its slots). Each decision is told in the flow's log (the
 Story), kept for the plan artifact and the job's summary (``run --json``: ``replanning``),
 and a deadline out of reach sets the parent run's MLflow tag ``elastune.deadline_at_risk``.
 
@@ -23,15 +27,18 @@ where one applies (``plan_job(replanned=True)``, docs/algorithms.md §5.10).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
 from flows.job import Job
 from flows.story import Story
 from planners.cost.allocation import AllocationPlan, StagePlan
+from planners.cost.estimate import ProfileEstimate, Running
+from planners.cost.held import Held
 from planners.cost.job import instance_types, job_profile
-from planners.cost.replan import Decision, ProfileEstimate, Replanner
-from planners.cost.report import PlanReport, rows_for
+from planners.cost.replan import Decision, Replanner, left_to_run, under_way
+from planners.cost.report import PlanReport, StageAllocation, rows_for
 from planners.search.schedulers.base import Segment
 from planners.staging.admission import StageSlots
 from planners.staging.plan import allocate, compile_plan
@@ -63,8 +70,8 @@ class InFlight:
             samples=report.samples,
         )
         self.decisions: list[tuple[float, Decision]] = []  # (elapsed seconds, decision)
-        self._trials = {(s.bracket, s.rung): s.trials for s in self.replanner.stages}
-        self._started: dict[tuple[int, float], float] = {}  # (trial, start) -> clock
+        # (trial, start) -> the segment and when it started, until it reports
+        self._started: dict[tuple[int, float], tuple[Segment, float]] = {}
         self._first_wave: dict[tuple[int, int], int] = {}  # stage -> segments it began with
         self._spent, self._billed_to = 0.0, 0.0
 
@@ -84,15 +91,15 @@ class InFlight:
         now = time.monotonic()
         results = self.job.tally.stage_results
         for segment in segments:
-            self._started[(segment.trial, segment.start)] = now
             key = (segment.bracket, segment.rung)
+            self._started[(segment.trial, segment.start)] = (segment, now)
             if not results.get(key):  # nothing of its stage has finished: its first wave
                 self._first_wave[key] = self._first_wave.get(key, 0) + 1
 
     def finished(self, segment: Segment, report: SegmentReport, story: Story) -> Decision | None:
         """Record a finished segment; re-plan if it ends a first wave or a stage. A failed
         segment says nothing of the speed: it is not timed."""
-        began = self._started.pop((segment.trial, segment.start), None)
+        _, began = self._started.pop((segment.trial, segment.start), (None, None))
         if began is not None and not report.result.failed:
             first = segment.start == 0
             seconds = self._on_worker(time.monotonic() - began, report, first)
@@ -106,10 +113,11 @@ class InFlight:
         if not wave and done != stage.trials:
             return None
         finished = dict(self.job.tally.stage_results)
-        if all(finished.get(k, 0) >= trials for k, trials in self._trials.items()):
-            return None
+        holding = self._holding(finished)
+        if not left_to_run(self.replanner.stages, under_way(finished, holding)):
+            return None  # every trial has begun: nothing a plan could change
         try:
-            return self._decide(finished, story)
+            return self._decide(finished, holding, story)
         except Exception as exc:  # the job runs on fine at its plan: a re-plan only improves it
             story.replan_failed(exc)
             return None
@@ -121,22 +129,41 @@ class InFlight:
         the speed it learns."""
         return min(seen, report.result.seconds + self.estimate.prior.segment_overhead(first))
 
-    def _decide(self, finished: dict[tuple[int, int], int], story: Story) -> Decision:
-        elapsed = time.monotonic() - self.job.began
+    def _holding(self, finished: dict[tuple[int, int], int]) -> dict[int, Held]:
+        """Per chain, the nodes of its stage running or just finished, and how long each
+        segment still running there has run."""
+        now = time.monotonic()
+        running: dict[tuple[int, int], list[float]] = {}
+        for segment, began in self._started.values():
+            running.setdefault((segment.bracket, segment.rung), []).append(now - began)
         holding = {}
-        for chain in self.plan.chains:  # the nodes of the stage running or just finished
-            begun = [s for s in chain if finished.get(_key(s), 0) > 0]
-            holding[chain[0].bracket] = begun[-1] if begun else chain[0]
-        self._bill(elapsed, list(holding.values()))
+        for chain in self.plan.chains:
+            begun = [s for s in chain if finished.get(_key(s), 0) > 0 or _key(s) in running]
+            stage = begun[-1] if begun else chain[0]
+            holding[chain[0].bracket] = Held(stage, tuple(running.get(_key(stage), ())))
+        return holding
+
+    def _decide(
+        self, finished: dict[tuple[int, int], int], holding: dict[int, Held], story: Story
+    ) -> Decision:
+        now = time.monotonic()
+        elapsed = now - self.job.began
+        self._bill(elapsed, [held.stage for held in holding.values()])
+        # The segments still running are the slow ones: left out, the speed reads fast.
+        running = [
+            Running(s.gpus, s.stop - s.start, now - began, s.start == 0)
+            for s, began in self._started.values()
+        ]
+        profile = self.estimate.censored(running).profile()
         decision = self.replanner.decide(
-            self.plan, finished, elapsed, self._spent, self.estimate.profile(), holding
+            self.plan, finished, elapsed, self._spent, profile, holding
         )
         self.decisions.append((elapsed, decision))
         story.replanned(decision)
         if decision.deadline_at_risk:
             self.job.runs.tracker.set_tags(self.job.runs.parent, {AT_RISK_TAG: "true"})
         if decision.changed:
-            self._apply(decision)
+            self._apply(decision, holding)
         return decision
 
     def _bill(self, now: float, held: list[StagePlan]) -> None:
@@ -147,8 +174,9 @@ class InFlight:
         self._spent += rate * (now - self._billed_to)
         self._billed_to = now
 
-    def _apply(self, decision: Decision) -> None:
-        """The stages left run as ``decision`` planned them."""
+    def _apply(self, decision: Decision, holding: dict[int, Held]) -> None:
+        """The stages left run as ``decision`` planned them; a stage's segments running
+        where it was (``holding``) run on (:meth:`_in_flight`)."""
         chosen = {(s.bracket, s.rung): s for s in decision.plan.stages}
         self.plan = AllocationPlan(
             tuple(
@@ -158,13 +186,43 @@ class InFlight:
             self.plan.hold,
         )
         rows = rows_for(decision.plan, decision.outcome, self.catalog)
+        running = {held.key: held for held in holding.values() if held.running}
+        allocations, draining = [], set()
+        for row in rows:
+            allocation, moved = self._in_flight(row.allocation, running)
+            allocations.append(allocation)
+            draining |= moved
         execution = self.job.execution
         assert execution.plan is not None
-        plan = allocate(execution.plan, [row.allocation for row in rows])
+        plan = allocate(execution.plan, allocations)
         admission = execution.admission
         assert isinstance(admission, StageSlots | StagePacker)  # a planned job's policies
-        execution = dataclasses.replace(execution, plan=plan, admission=admission.replanned(plan))
+        admitted = admission.replanned(plan, frozenset(draining))
+        execution = dataclasses.replace(execution, plan=plan, admission=admitted)
         self.job.compiled = dataclasses.replace(self.job.compiled, execution=execution)
+
+    def _in_flight(
+        self, allocation: StageAllocation, running: dict[tuple[int, int], Held]
+    ) -> tuple[StageAllocation, set[tuple[int, int, int]]]:
+        """``allocation`` of a stage whose trials not begun it holds, as admission runs it
+        beside the stage's segments still running (as the simulator prices it): on the
+        same type and market they hold some of its slots, which count them (as many at
+        once as its nodes hold); on others they drain apart. Returns the allocation and
+        the segments (bracket, rung, trial) that drain."""
+        key = (allocation.bracket, allocation.rung)
+        held = running.get(key)
+        if held is None:
+            return allocation, set()
+        if (held.stage.instance_type, held.stage.market) != (
+            allocation.instance_type,
+            allocation.market,
+        ):
+            started = (s for s, _ in self._started.values())
+            return allocation, {(*key, s.trial) for s in started if (s.bracket, s.rung) == key}
+        per_node = self.catalog.get(allocation.instance_type).gpus / allocation.gpus_per_trial
+        slots = allocation.instances * math.floor(per_node + 1e-9)
+        concurrent = min(allocation.trials + len(held.running), slots)
+        return dataclasses.replace(allocation, concurrent=concurrent), set()
 
     def to_dict(self) -> dict[str, Any]:
         """For the job's summary: every decision, and whether the deadline is at risk."""

@@ -109,10 +109,12 @@ def test_bad_profile_sections_name_the_field(section: dict, message: str) -> Non
 
 def test_the_calibrations_covariance_round_trips_and_is_checked() -> None:
     cov = [[0.04, 0.01, 0.0, 0.0], [0.01, 0.01, 0.0, 0.0], [0.0] * 4, [0.0, 0.0, 0.0, 0.0025]]
-    profile = Profile({1.0: 2.0}, calibration_cov=cov, calibration_dof=6)
+    profile = Profile({1.0: 2.0}, calibration_cov=cov, calibration_dof=6, segment_cv_dof=13)
     assert Profile.from_spec(ProfileSpec.model_validate(profile.to_dict())) == profile
     with pytest.raises(ProfileError, match=r"profile.calibration_dof: must be > 0"):
         Profile({1.0: 2.0}, calibration_dof=0)
+    with pytest.raises(ProfileError, match=r"profile.segment_cv_dof: must be > 0"):
+        Profile({1.0: 2.0}, segment_cv_dof=-1)
     with pytest.raises(ProfileError, match=r"profile.calibration_cov: must be symmetric"):
         Profile({1.0: 2.0}, calibration_cov=[[0.0, 1.0, 0.0, 0.0], *cov[1:]])
     with pytest.raises(ProfileError, match=r"profile.calibration_cov: must be 4 x 4"):

@@ -197,3 +197,15 @@ def test_spreads_estimated_from_few_runs_make_a_runs_draws_student_t() -> None:
     assert np.quantile(estimated.speed(0.1), 0.95) == pytest.approx(1 + 0.1 * 1.943, abs=0.006)
     assert np.quantile(known.speed(0.1), 0.95) == pytest.approx(1 + 0.1 * 1.645, abs=0.006)
     assert np.array_equal(estimated.normals(0, 0, 0, 3), known.normals(0, 0, 0, 3))
+
+
+def test_a_straggler_spread_read_from_few_segments_widens_the_tail() -> None:
+    """Each simulated run draws a spread of its own around a ``segment_cv`` read with few
+    degrees of freedom: a lone trial's p95 lies further out, its median barely moves."""
+    stage = (StagePlan(0, 0, (GpuTier(1, 1.0, 4.0),), "p3.8xlarge", 1),)
+    read = profile(segment_cv=0.3)
+    exact = PlanSimulator(PER_SECOND, read, samples=4000).chain(stage).end
+    few = dataclasses.replace(read, segment_cv_dof=5)
+    loose = PlanSimulator(PER_SECOND, few, samples=4000).chain(stage).end
+    assert np.median(loose) == pytest.approx(np.median(exact), rel=0.02)
+    assert np.quantile(loose, 0.95) > np.quantile(exact, 0.95) * 1.03

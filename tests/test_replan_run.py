@@ -4,6 +4,7 @@ meets it and says why it re-planned; a packed run re-plans its packed stages."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -16,11 +17,14 @@ from flows.compiled import compile_job
 from flows.job import Job, new_job_id
 from flows.replan import AT_RISK_TAG, InFlight
 from planners.cost import plan_job
+from planners.cost.held import Held
 from planners.cost.replan import Replanner
+from planners.cost.report import StageAllocation
 from planners.cost.simulate import PlanSimulator
 from planners.search import Result, Segment
 from planners.spec import parse_job
 from planners.staging import Profile, StagePacker
+from planners.staging.admission import StageSlots
 from tasks.train import SegmentReport
 from tests.test_e2e import JOB, run_job
 
@@ -114,10 +118,10 @@ def test_a_changed_plan_repacks_a_packed_stage_keeping_what_runs(tmp_path) -> No
     assert first is not None and packer.may_start(first, [])
     # One segment in, the job turns out 4x slower than its profile: the plan must change.
     slower = Profile({0.5: 5.6, 1: 4.0}, overhead_s=OVERHEAD_S, job_overhead_s=JOB_OVERHEAD_S)
-    held = {0: flight.plan.stages[0]}
+    held = {0: Held(flight.plan.stages[0])}
     decision = flight.replanner.decide(flight.plan, {(0, 0): 1}, 1.0, 0.0, slower, held)
     assert decision.changed, decision.describe()
-    flight._apply(decision)
+    flight._apply(decision, held)
     repacked = job.execution.admission
     assert isinstance(repacked, StagePacker) and repacked is not packer
     assert repacked.plan == job.execution.plan != packer.plan
@@ -137,7 +141,7 @@ def test_a_stage_is_re_planned_when_what_it_began_with_has_finished(tmp_path) ->
     assert stage is not None and (stage.slots or 0) > 1
     flight.started([first])  # the stage began with one segment
     asked: list[int] = []
-    flight._decide = lambda finished, story: asked.append(finished[(0, 0)])  # type: ignore[method-assign]
+    flight._decide = lambda finished, holding, story: asked.append(finished[(0, 0)])  # type: ignore[method-assign]
     job.tally.count(first.trial, {"bracket": 0, "rung": 0}, job.spec.metric)
     flight.finished(first, report(first, seconds=1.0), None)  # type: ignore[arg-type]
     assert asked == [1]  # its first wave has finished: decide now, not after its slots
@@ -152,12 +156,12 @@ def test_the_speed_learnt_leaves_out_the_wait_for_a_worker(tmp_path) -> None:
     # On a work pool a segment may wait for a node to start: the driver sees that wait, the
     # worker does not. The speed learnt is the worker's, plus the profile's overhead.
     job, flight = in_flight(tmp_path, PLANNED)
-    flight._decide = lambda finished, story: None  # type: ignore[method-assign,assignment]
+    flight._decide = lambda finished, holding, story: None  # type: ignore[method-assign,assignment]
     queued, failed = job.loop.next_segment(), job.loop.next_segment()
     assert queued is not None and failed is not None
     flight.started([queued, failed])
     waited = time.monotonic() - 120.0  # submitted two minutes ago, a node started meanwhile
-    flight._started = {key: waited for key in flight._started}
+    flight._started = {key: (stage, waited) for key, (stage, _) in flight._started.items()}
     unit = EPOCH_S / 2  # what the profile says an epoch takes
     flight.finished(failed, report(failed, seconds=0.1, failed=True), None)  # type: ignore[arg-type]
     assert flight.estimate.segments == 0  # a failed segment is not timed
@@ -183,3 +187,29 @@ def test_a_replanner_that_fails_leaves_the_job_on_its_plan(
     assert summary["segments"] > 0 and summary["best"] is not None
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("re-planning failed, the job goes on at its plan" in w for w in warned)
+
+
+def test_segments_running_at_a_re_plan_run_on_where_they_are(tmp_path) -> None:
+    # A decision inside a stage changes only its trials not begun: the segments running are
+    # told to the re-planner with the time they have run, and keep their nodes.
+    job, flight = in_flight(tmp_path, PLANNED)
+    first, second, third = (job.loop.next_segment() for _ in range(3))
+    assert first is not None and second is not None and third is not None
+    flight.started([first, second])
+    held = flight._holding({})[0]
+    assert held.key == (0, 0) and len(held.running) == 2 and min(held.running) >= 0
+    stage = held.stage
+    gpus = stage.tiers[0].gpus
+    node = flight.catalog.get(stage.instance_type).gpus
+    allocation = StageAllocation(0, 0, 0, 1, gpus, stage.instance_type, stage.instances, 1)
+    # On the same nodes they hold two of its slots; on others they drain apart.
+    same, drained = flight._in_flight(allocation, {held.key: held})
+    assert not drained
+    assert same.concurrent == min(1 + 2, stage.instances * int(node // gpus))
+    elsewhere = dataclasses.replace(allocation, instance_type="g5.xlarge")
+    moved, drained = flight._in_flight(elsewhere, {held.key: held})
+    assert moved == elsewhere and drained == {(0, 0, first.trial), (0, 0, second.trial)}
+    plan = job.execution.plan
+    assert plan is not None and (plan.stage(0, 0).slots or 0) <= 2
+    assert not StageSlots(plan).may_start(third, [first, second])
+    assert StageSlots(plan).replanned(plan, frozenset(drained)).may_start(third, [first, second])

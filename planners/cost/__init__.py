@@ -6,10 +6,11 @@
 The modules, from the inputs up: ``catalog`` and ``billing`` (instance types and their
 prices; the speed profile they are timed with is :class:`planners.staging.Profile`),
 ``allocation`` (plans: GPUs per trial, instance type and nodes per stage), ``simulate``
-(``PlanSimulator``: JCT and cost by Monte Carlo, with ``draws``, ``pool``, ``outcome`` and
+(``PlanSimulator``: JCT and cost by Monte Carlo, with ``draws``, ``layout``, ``pool``,
+``interruptions`` (spot), ``held`` (the nodes and trials in flight), ``outcome`` and
 ``trace``), the planners ``rubberband`` (with ``sizing``) and ``seer``, the ``baselines``,
-``replan`` and ``recourse`` (re-planning in flight, and a first stage chosen for it), and
-``job`` and ``report`` (a job file in, a report out).
+``estimate``, ``replan`` and ``recourse`` (the profile learnt in flight, re-planning, and a
+first stage chosen for it), and ``job`` and ``report`` (a job file in, a report out).
 
 Example (a small SHA job on the built-in catalog: one GPU per trial on one node is the
 cheapest plan that meets the two-hour deadline):

@@ -34,6 +34,7 @@ JOB = 5  # the job's own overhead, one per sample (keyed on bracket 0, for every
 RUN = 6  # the run's speed, one per sample (keyed on bracket 0, for every chain)
 FIT = 7  # the calibration's error in the profile, one per sample (bracket 0, every chain)
 SPOT = 8  # replacement round r of a stage: SPOT + 8r + 0..3 (busy) and + 4..6 (idle)
+RUNNING = SPOT + 7  # segments running on held nodes (a purpose SPOT's rounds leave free)
 
 
 class Draws:
@@ -45,11 +46,17 @@ class Draws:
         self._draws: dict[tuple[int, int, int], Array] = {}
         self.scale = np.ones(samples) if dof is None else self._scale(max(1, round(dof)))
 
-    def _scale(self, dof: int) -> Array:
+    def _scale(self, dof: int, rung: int = 1) -> Array:
         """``sqrt(dof / chi2(dof))`` per sample: the run-to-run spreads were estimated with
         ``dof`` degrees of freedom, so a run's own draws, scaled by it, are Student-t."""
-        chi2 = (self.normals(0, 1, RUN, dof) ** 2).sum(axis=1)
+        chi2 = (self.normals(0, rung, RUN, dof) ** 2).sum(axis=1)
         return np.sqrt(dof / chi2)
+
+    def spread(self, dof: float | None) -> Array | float:
+        """The factor on the straggler spread per sample (S x 1) where it was read with
+        ``dof`` degrees of freedom: each run its own spread, so that a tail a few segments
+        read narrow is still drawn; 1 where the spread is taken as exact."""
+        return 1.0 if dof is None else self._scale(max(1, round(dof)), rung=2)[:, None]
 
     def normals(self, bracket: int, rung: int, purpose: int, columns: int) -> Array:
         """``samples x columns`` standard normals, fixed per (bracket, rung, purpose).

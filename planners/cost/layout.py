@@ -39,6 +39,7 @@ class StageLayout:
     placement: Placement
     mean: Array  # seconds, per trial
     sd: Array  # seconds, per trial
+    spread_sd: Array  # of it, the straggler spread's: ``segment_cv`` times the units' mean
     slot_unit: Array  # per slot, the mean time of one unit: what an interruption loses at most
     basis: Array  # 3 x trials: what the calibration's errors in o, c and t scale (above)
 
@@ -68,7 +69,8 @@ def stage_layout(profile: Profile, stage: StagePlan, instance: InstanceType) -> 
     placement = place(stage.sizes, instance.gpus, stage.instances)
     slot_unit = (placement.gather * np.array(unit)[:, None]).max(axis=0)
     basis = np.array([np.ones(len(mean)), first, work])
-    return StageLayout(placement, np.array(mean), np.array(sd), slot_unit, basis)
+    spread = np.array(work) * profile.segment_cv
+    return StageLayout(placement, np.array(mean), np.array(sd), spread, slot_unit, basis)
 
 
 def packed(profile: Profile, stage: StagePlan, instance: InstanceType) -> StagePlan:

@@ -59,9 +59,11 @@ class NodePool:
         return dollars if billing.starts == "request" else np.where(alive < 0, 0.0, dollars)
 
     def bill(self, until: Array) -> Array:
-        """Dollars per sample for every node released at ``until``: an instance that was
-        interrupted before then (while idle) is billed up to its interruption."""
-        end = until[:, None] if self.fails is None else np.minimum(until[:, None], self.fails)
+        """Dollars per sample for every node released at ``until`` (per sample, or per
+        sample and node): an instance that was interrupted before then (while idle) is
+        billed up to its interruption."""
+        end = until[:, None] if until.ndim == 1 else until
+        end = end if self.fails is None else np.minimum(end, self.fails)
         return self.charge(end).sum(axis=1)
 
     def split(self, keep: int) -> tuple[NodePool, NodePool]:
@@ -73,6 +75,15 @@ class NodePool:
             return NodePool(self.instance, self.market, request, ready, fails, self.ids[part])
 
         return cut(slice(None, keep)), cut(slice(keep, None))
+
+    def reordered(self, order: NDArray[np.intp]) -> NodePool:
+        """The nodes in ``order`` (S x c: per sample, the node in each place)."""
+
+        def take(a: Array) -> Array:
+            return np.take_along_axis(a, order, axis=1)
+
+        fails = None if self.fails is None else take(self.fails)
+        return NodePool(self.instance, self.market, take(self.request), take(self.ready), fails)
 
     def join(self, new: NodePool) -> NodePool:
         """This pool with ``new``'s nodes after its own (same type and market)."""

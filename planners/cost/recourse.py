@@ -8,7 +8,7 @@ reported (the wave and, on each slot it freed, the next trial: :func:`begun`) ar
 that a wrong profile buys before anything is measured. So :func:`recourse_start` costs
 each of RubberBand's options for the first stage under every error the profile may have
 (``points`` equally likely errors, the quantiles of a lognormal with relative sd
-``prior_error``, the one :class:`~planners.cost.replan.ProfileEstimate` gives the
+``prior_error``, the one :class:`~planners.cost.estimate.ProfileEstimate` gives the
 profile): the trials it has begun, then the cheapest plan for the rest made knowing the
 error, or its own plan kept whole where that costs less and meets the deadline. It starts
 the job on the option whose cost is, on the mean over the errors, the nearest to the
@@ -22,8 +22,8 @@ job has measured when it first re-plans, and a few of them misread the speed and
 spread.
 
 Measured on the re-planning benchmark's job (``python benchmarks/replan.py``;
-docs/benchmarks.md): 95.4% of the deadlines at 1.05x the cost of the plan that knew the
-true profile, against 91.3% at 1.23x from RubberBand's plan. It plans the rest of the job for
+docs/benchmarks.md): 96.6% of the deadlines at 1.03x the cost of the plan that knew the
+true profile, against 97.4% at 1.15x from RubberBand's plan. It plans the rest of the job for
 every option under every error: 1-6 s for that job (27 trials, 100 samples), 10-30 s for
 one of 81 trials on two types (200 samples), against 0.03-0.1 s for RubberBand's plan. So
 ``plan_job`` uses it for a first stage of at most :data:`MAX_OPTIONS` options
@@ -59,7 +59,9 @@ from typing import NamedTuple
 import numpy as np
 
 from planners.cost.allocation import AllocationPlan, StagePlan
-from planners.cost.replan import ProfileEstimate, Replanner, begun, first_wave, left_to_run, part
+from planners.cost.estimate import ProfileEstimate
+from planners.cost.held import Held
+from planners.cost.replan import Replanner, begun, first_wave, left_to_run, part
 from planners.cost.sizing import chains_of
 from planners.staging import Profile, Stage, Timing
 
@@ -208,7 +210,7 @@ def _after(replanner: Replanner, profile: Profile, done: StagePlan, left: list[S
     deadline_left = replanner.deadline - float(np.quantile(ran.jct, replanner.quantile))
     if not left:
         return _Rest((), ran.cost_mean, deadline_left >= 0)
-    holding = {done.bracket: done}
+    holding = {done.bracket: Held(done)}
     rest = replanner.rubberband(profile, max(deadline_left, 1.0), holding).plan(left)
     meets = deadline_left > 1.0 and rest.feasible
     return _Rest(rest.plan.stages, ran.cost_mean + rest.outcome.cost_mean, meets)

@@ -1,26 +1,17 @@
-"""Re-planning in flight (docs/algorithms.md §5.8): the profile learnt from the job's own
-segments, and at each stage barrier whether to keep the plan of the remaining stages.
-
-:class:`ProfileEstimate` holds the profile the plan was made with (the prior) and the
-segments measured since. Each segment gives the ratio of its measured seconds (less the
-profile's ``overhead_s``, and ``trial_overhead_s`` on a trial's first) to the prior's
-``resource x seconds per unit`` at its width; a width's ratio is the resource-weighted mean
-of its segments' ratios, shrunk towards the pooled ratio of every width, and a width not
-seen yet takes the pooled ratio (the pooled one is shrunk towards 1, the prior, the same
-way). The shrinkage weighs by precision: a segment's ratio is off by the straggler spread,
-the prior's by ``prior_error`` (0.5), so the prior counts for
-``(spread / prior_error) ** 2`` segments: little against steady segments, more against
-scattered ones. The straggler spread (``segment_cv``) is the pooled sd of the segments'
-ratios around their width's ratio, mixed with the prior's spread by ``prior_weight``
-pseudo-segments.
+"""Re-planning in flight (docs/algorithms.md §5.8): at each stage barrier, and inside a stage
+once its first wave has reported, whether to keep the plan of the work left, under the
+profile learnt from the job's own segments (``planners.cost.estimate``).
 
 :class:`Replanner` decides, given the plan, the trials finished per stage, the seconds
-elapsed and the dollars spent, and the updated profile; at a barrier or inside a stage (its
-trials left are then a stage of their own, whose concurrency the new plan may change). It
-prices the plan of the remaining work with :class:`~planners.cost.simulate.PlanSimulator`
-and lets :class:`~planners.cost.rubberband.RubberBand` plan it afresh against what is left
-of the deadline, each chain holding the nodes of the stage it is running or has just
-finished (``PlanSimulator(holding=...)``: a next stage that keeps them pays no startup).
+elapsed and the dollars spent, the updated profile and the nodes each chain holds
+(:class:`~planners.cost.held.Held`: those of the stage it is running or has just finished,
+and the trials still running on them). The trials not begun are the work left: inside a
+stage, its trials not begun are a stage of their own, whose concurrency the new plan may
+change, while those running end where they are. It prices the plan of the work left with
+:class:`~planners.cost.simulate.PlanSimulator` and lets
+:class:`~planners.cost.rubberband.RubberBand` plan it afresh against what is left of the
+deadline, each chain on the nodes it holds (a next stage that keeps them pays no startup,
+and starts on a GPU once the trial running there has ended).
 The greedy runs from its usual starts, from the kept plan (a kept plan that meets the
 deadline is the dearest the new one can be) and from the plan it makes as if no node were
 held: a one-stage move off held nodes pays a startup they do not, so the greedy can stay
@@ -39,6 +30,8 @@ on the held type while a pool of another type for several stages is cheaper. The
 
 Example (the profile said 720 s per unit; the first stage measured twice that):
     >>> from planners.cost.catalog import parse_catalog
+    >>> from planners.cost.estimate import ProfileEstimate
+    >>> from planners.cost.held import Held
     >>> from planners.staging import Profile, Stage
     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
@@ -51,9 +44,7 @@ Example (the profile said 720 s per unit; the first stage measured twice that):
     >>> estimate = ProfileEstimate(prior)
     >>> for _ in range(8):
     ...     estimate.observe(1, 1.0, 1440.0)
-    >>> round(estimate.ratio(1), 2), round(estimate.ratio(4), 2)
-    (1.99, 1.89)
-    >>> held = {0: plan.chains[0][0]}  # the nodes of the stage just finished
+    >>> held = {0: Held(plan.chains[0][0])}  # the nodes of the stage just finished
     >>> finished = {(0, 0): 8}  # trials done per stage
     >>> decision = replanner.decide(plan, finished, 1600.0, 20.0, estimate.profile(), held)
     >>> decision.reason, decision.plan.gpus_per_trial, decision.meets_at
@@ -63,141 +54,17 @@ Example (the profile said 720 s per unit; the first stage measured twice that):
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog
+from planners.cost.held import Held
 from planners.cost.outcome import Outcome
 from planners.cost.rubberband import RubberBand, RubberBandResult
 from planners.cost.simulate import PlanSimulator
-from planners.spec.covariance import SIZE
-from planners.staging import Profile, Stage, Timing, place
-
-
-@dataclass
-class _Width:
-    """Sums over the segments measured at one width."""
-
-    measured: float = 0.0  # seconds of work (overhead removed)
-    forecast: float = 0.0  # the prior's seconds for the same work
-    ratios: list[float] = field(default_factory=list)
-
-
-class ProfileEstimate:
-    """The prior profile corrected by the job's measured segments (module docstring).
-
-    Args:
-        prior: The profile the plan was made with.
-        prior_error: How far off the prior's speed may be, as a relative sd (0.5: by half
-            either way): against a segment, whose ratio is off by the spread, the prior
-            counts for ``(spread / prior_error) ** 2`` segments.
-        prior_weight: How many segments the prior's straggler spread counts for.
-    """
-
-    def __init__(self, prior: Profile, prior_error: float = 0.5, prior_weight: float = 1.0):
-        if not prior_error > 0:
-            raise ValueError(f"prior_error must be > 0, got {prior_error}")
-        if not prior_weight > 0:
-            raise ValueError(f"prior_weight must be > 0, got {prior_weight}")
-        self.prior = prior
-        self.prior_error = prior_error
-        self.prior_weight = prior_weight
-        self._widths: dict[float, _Width] = {}
-
-    @property
-    def segments(self) -> int:
-        """Segments measured so far."""
-        return sum(len(w.ratios) for w in self._widths.values())
-
-    def observe(self, gpus: float, resource: float, seconds: float, first: bool = False) -> None:
-        """One finished segment: ``resource`` units on ``gpus`` GPUs took ``seconds``;
-        ``first``: it was its trial's first."""
-        if not resource > 0:
-            return  # a segment that trains nothing says nothing about the speed
-        forecast = resource * self.prior.timing(gpus).mean
-        measured = max(seconds - self.prior.segment_overhead(first), 0.0)
-        width = self._widths.setdefault(float(gpus), _Width())
-        width.measured += measured
-        width.forecast += forecast
-        width.ratios.append(measured / forecast)
-
-    def _shrunk(self, measured: float, forecast: float, count: int, towards: float) -> float:
-        if count == 0:
-            return towards
-        weight = self.pseudo_segments()
-        return (count * measured / forecast + weight * towards) / (count + weight)
-
-    def pseudo_segments(self) -> float:
-        """How many segments the prior's speed counts for: a segment's ratio is off by the
-        spread, the prior's by ``prior_error`` (precision weights). Segments that do not
-        scatter give no precision to weigh by: the prior counts for ``prior_weight``."""
-        spread = self.spread()
-        return (spread / self.prior_error) ** 2 if spread > 0 else self.prior_weight
-
-    def pooled(self) -> float:
-        """Measured over forecast seconds across every width, shrunk towards 1."""
-        widths = self._widths.values()
-        measured, forecast = sum(w.measured for w in widths), sum(w.forecast for w in widths)
-        return self._shrunk(measured, forecast or 1.0, self.segments, 1.0)
-
-    def ratio(self, gpus: float) -> float:
-        """Seconds per unit at ``gpus`` GPUs relative to the prior (2.0: twice as slow)."""
-        width = self._widths.get(float(gpus))
-        if width is None:
-            return self.pooled()
-        return self._shrunk(width.measured, width.forecast, len(width.ratios), self.pooled())
-
-    def spread(self) -> float:
-        """Straggler spread: the segments' relative sd around their width's ratio."""
-        squares, dof = 0.0, 0
-        for width in self._widths.values():
-            mean = width.measured / width.forecast
-            if mean <= 0:  # every segment ended within the overhead: no spread to measure
-                continue
-            squares += sum((r / mean - 1) ** 2 for r in width.ratios)
-            dof += len(width.ratios) - 1
-        prior = self.prior.segment_cv
-        if dof <= 0:
-            return prior
-        return math.sqrt((self.prior_weight * prior**2 + squares) / (self.prior_weight + dof))
-
-    def profile(self) -> Profile:
-        """The prior with every width's timing scaled by its ratio and the measured spread;
-        once segments are measured, the error in the unit time is theirs to tell: the
-        calibration's row of ``calibration_cov`` gives way to the pooled ratio's variance,
-        ``spread ** 2 / (segments + pseudo_segments)`` (the overheads' errors stay), which
-        the simulator draws once per run, so a plan made on a few segments keeps a margin
-        for a speed they may have misread."""
-        timings = {
-            g: Timing(t.mean * self.ratio(g), t.sd * self.ratio(g))
-            for g, t in self.prior.timings.items()
-        }
-        cov = self.prior.calibration_cov
-        if self.segments:
-            # The ratio's posterior variance: the prior's precision plus the segments'.
-            cov = _with_unit_error(
-                cov, self.spread() ** 2 / (self.segments + self.pseudo_segments())
-            )
-        return dataclasses.replace(
-            self.prior, timings=timings, segment_cv=self.spread(), calibration_cov=cov
-        )
-
-
-def _with_unit_error(
-    cov: tuple[tuple[float, ...], ...] | None, variance: float
-) -> tuple[tuple[float, ...], ...]:
-    """``cov`` (None: no errors) with the unit time's error replaced by one of ``variance``,
-    uncorrelated with the overheads' errors."""
-    unit = SIZE - 1
-    rows = [[0.0] * SIZE for _ in range(SIZE)] if cov is None else [list(row) for row in cov]
-    for i in range(SIZE):
-        rows[i][unit] = rows[unit][i] = 0.0
-    rows[unit][unit] = variance
-    return tuple(tuple(row) for row in rows)
-
+from planners.staging import Profile, Stage, place
 
 # The quantiles a plan may meet the deadline at when none meets it at the replanner's own,
 # highest first: the plan chosen then is the cheapest with the best chance at it.
@@ -318,7 +185,7 @@ class Replanner:
         self,
         profile: Profile,
         deadline: float | None,
-        holding: Mapping[int, StagePlan] | None = None,
+        holding: Mapping[int, Held] | None = None,
     ) -> RubberBand:
         """RubberBand over this job's types and quota, its plans priced under ``profile``
         against ``deadline`` (None: none), each chain starting on the nodes in ``holding``."""
@@ -352,16 +219,18 @@ class Replanner:
         elapsed: float,
         spent: float,
         profile: Profile,
-        holding: Mapping[int, StagePlan] | None = None,
+        holding: Mapping[int, Held] | None = None,
     ) -> Decision:
         """Keep or change ``plan`` for the work left: ``finished`` counts the trials done
         per stage ((bracket, rung); a stage not named has none), ``elapsed`` seconds and
         ``spent`` dollars into the job, timed by ``profile``. ``holding``: per bracket, the
-        stage whose nodes the chain holds now (the one running or just finished)."""
-        remaining = left_to_run(self.stages, finished)
+        nodes the chain holds now and the trials running on them (module docstring);
+        the decision's plan holds only the trials not begun."""
+        begun = under_way(finished, holding)
+        remaining = left_to_run(self.stages, begun)
         if not remaining:
-            raise ValueError("every stage is done: nothing left to re-plan")
-        kept_plan = _remaining(plan, self.stages, finished)
+            raise ValueError("every trial has begun: nothing left to re-plan")
+        kept_plan = _remaining(plan, self.stages, begun)
         # A deadline already passed still gets a plan: the fastest (1 s cannot be met).
         deadline_left = None if self.deadline is None else max(self.deadline - elapsed, 1.0)
         budget_left = None if self.budget is None else self.budget - spent
@@ -439,6 +308,17 @@ class Replanner:
             if result.feasible:
                 return lower, result, quantile
         return None
+
+
+def under_way(
+    finished: Mapping[tuple[int, int], int], holding: Mapping[int, Held] | None
+) -> dict[tuple[int, int], int]:
+    """The trials finished or running per stage: ``finished`` and the trials ``holding``
+    runs (those the work left no longer holds)."""
+    out = dict(finished)
+    for held in (holding or {}).values():
+        out[held.key] = out.get(held.key, 0) + len(held.running)
+    return out
 
 
 def left_to_run(stages: Sequence[Stage], finished: Mapping[tuple[int, int], int]) -> list[Stage]:

@@ -420,6 +420,9 @@ class RubberBand:
         if self.judged(outcome.jct, _spot(start.stages)) > self.deadline:
             return RubberBandResult(start, outcome, False, None, tuple(moves))
         plan, quantile = start, self.simulator.quantile
+        # A bracket held in flight with nothing planned ends with its running trials.
+        draining = self.simulator.draining(start)
+        held = [] if draining is None else [draining[0]]
         while True:
             # A move changes one chain: price it against the others, which stay as they are.
             runs = [self.simulator.chain(chain) for chain in plan.chains]
@@ -430,7 +433,7 @@ class RubberBand:
                 c2 = c - costs[index] + run.total_mean  # mean cost adds up over chains
                 if c2 >= c - _TOLERANCE:
                     continue
-                ends = [r.end for i, r in enumerate(runs) if i != index] + [run.end]
+                ends = [r.end for i, r in enumerate(runs) if i != index] + [run.end, *held]
                 jct = np.max(ends, axis=0)
                 spot = _spot(chain) or any(
                     _spot(other) for i, other in enumerate(plan.chains) if i != index

@@ -17,25 +17,8 @@ forecast made from a few short runs is uncertain by more than the runs' own spre
 stage ends with its last slot. Every node is billed by its type's rule from request (or from
 running) to release. Chains run side by side; JCT is the last chain's end.
 
-Spot capacity [OWN model]: a stage may run on spot instances (``StagePlan.market``), at
-the catalog's discounted price. Each running spot instance is interrupted as a Poisson
-process at the catalog's rate (exponential running times; an instance that is starting is
-not running, so it is not interrupted). When an instance is interrupted:
-
-- it is billed up to the interruption by the usual rule, and its replacement from its
-  own request (so each pays its own minimum charge and rounding);
-- a replacement is requested at once and is ready after a new queueing plus startup draw;
-- every segment running on it loses the work since its last checkpoint. Segments
-  checkpoint at every resource unit, so the loss is a uniform part of one unit (half a
-  unit on average; the whole segment if it is shorter than a unit), and each redoes
-  that loss plus the profile's ``overhead_s`` (restore) on the replacement, after it is
-  ready. Slots on the node that had already finished lose nothing.
-
-An instance interrupted while its pool idles at a barrier is replaced at once when a
-later stage keeps it (the replacement may still be starting when that stage begins),
-and merely billed up to the interruption when it was going to be released. A change of
-market, like a change of type, releases the pool. The nominal trace prices spot nodes but
-plays no interruption (a mean run has a fraction of one).
+Spot capacity: a stage may run on spot instances (``StagePlan.market``), at the catalog's
+discounted price, interrupted and replaced as ``planners.cost.interruptions`` models.
 
 Random draws are keyed by (bracket, rung) and a seed, so every candidate plan is priced on
 the same stragglers, startup draws and spot lifetimes (common random numbers,
@@ -68,15 +51,14 @@ import numpy as np
 
 from planners.cost.allocation import AllocationPlan, StagePlan
 from planners.cost.catalog import Catalog, InstanceType
-from planners.cost.draws import DURATION, HELD, LIFETIME, QUEUE, SPOT, STARTUP, Draws
+from planners.cost.draws import DURATION, HELD, LIFETIME, QUEUE, RUNNING, STARTUP, Draws
+from planners.cost.held import Held, gpu_free, left_after, slot_free
+from planners.cost.interruptions import while_busy, while_idle
 from planners.cost.layout import StageLayout, packed, stage_layout
 from planners.cost.outcome import ChainRun, Outcome
 from planners.cost.pool import Array, NodePool
-from planners.cost.trace import SegmentSpan, Trace
+from planners.cost.trace import Trace
 from planners.staging import Profile
-from planners.staging.placement import Placement
-
-_MAX_ROUNDS = 1000  # replacements per node and stage before a stage counts as never ending
 
 
 @dataclass
@@ -88,6 +70,11 @@ class _ChainState:
     released: Array  # dollars of the nodes released so far
     tail: Array  # the job's own end, after the last stage
     pool: NodePool | None = None
+    # In flight: when each GPU of the held nodes (the pool's first) is free of the trials
+    # still running on it (S x nodes x gpus), when they have all ended, and their stage.
+    busy: Array | None = None
+    drain: Array | None = None
+    running_stage: tuple[int, int] | None = None
     starts: list[Array] = field(default_factory=list)
     ends: list[Array] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
@@ -119,9 +106,16 @@ class _ChainState:
             lost=list(self.lost),
         )
 
-    def release(self, gone: NodePool, trace: Trace | None) -> None:
-        """Bill ``gone``'s nodes up to now (and end them in the trace)."""
-        self.released = self.released + gone.bill(self.now)
+    def release(self, gone: NodePool, trace: Trace | None, first: int = 0) -> None:
+        """Bill ``gone``'s nodes (the pool's from ``first`` on) up to now, or up to the end
+        of a trial still running on one (and end them in the trace)."""
+        until = self.now
+        if self.busy is not None:
+            free = np.zeros((len(self.now), gone.count))
+            held = self.busy[:, first : first + gone.count].max(axis=2)
+            free[:, : held.shape[1]] = held
+            until = np.maximum(self.now[:, None], free)
+        self.released = self.released + gone.bill(until)
         if trace is not None:
             trace.release(gone.ids, float(self.now[0]))
 
@@ -158,9 +152,12 @@ class PlanSimulator:
         packing: Run each stage as a Fluid TrialGroup: its trials take the widths
             StaticFluid packs them at over the stage's GPUs (its nodes), not the plan's
             GPUs per trial (see :meth:`packed`).
-        holding: Per bracket, the stage its chain has just finished, for a job re-planned in
-            flight (``planners.cost.replan``): the chain starts holding that stage's nodes,
-            ready at time 0 (Monte Carlo runs only; the nominal trace starts empty).
+        holding: Per bracket, the nodes its chain holds in flight, for a job re-planned
+            while it runs (``planners.cost.replan``): the chain starts on the nodes of the
+            stage it is running or has just finished, ready at time 0, busy until the
+            trials still running on them end (``planners.cost.held``); a bracket whose
+            plan holds no stage but runs trials ends with them. Monte Carlo runs only (the
+            nominal trace starts empty).
     """
 
     def __init__(
@@ -171,7 +168,7 @@ class PlanSimulator:
         seed: int = 0,
         quantile: float = 0.95,
         packing: bool = False,
-        holding: Mapping[int, StagePlan] | None = None,
+        holding: Mapping[int, Held] | None = None,
     ):
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}")
@@ -187,11 +184,13 @@ class PlanSimulator:
         self.packing = packing
         self.holding = dict(holding or {})
         self.draws = Draws(seed, samples, profile.calibration_dof)
+        self._spread = self.draws.spread(profile.segment_cv_dof)
         self._chains: dict[tuple[StagePlan, ...], ChainRun] = {}
         self._layouts: dict[tuple[StagePlan, str], StageLayout] = {}
         cov = profile.calibration_cov
         self._fit = None if cov is None else self.draws.fit(cov)  # S x (F, o, c, t)
         self._prefixes: dict[tuple[StagePlan, ...], _ChainState] = {}
+        self._running: dict[int, Array] = {}
 
     # --- public -------------------------------------------------------------------------
 
@@ -206,7 +205,24 @@ class PlanSimulator:
                 closing = sum((c.bill(released) for c in run.held), np.zeros(self.samples))
             chains.append((run, run.released_cost + closing))
         cost = chains[0][1] if len(chains) == 1 else np.sum([c for _, c in chains], axis=0)
+        draining = self.draining(plan)
+        if draining is not None:
+            jct, cost = np.maximum(jct, draining[0]), cost + draining[1]
         return Outcome(jct, cost, self.quantile, tuple(chains))
+
+    def draining(self, plan: AllocationPlan) -> tuple[Array, Array] | None:
+        """When the brackets held in flight that ``plan`` runs nothing more in end (their
+        running trials' last end) and what their nodes cost until then; None: none."""
+        planned = {chain[0].bracket for chain in plan.chains}
+        ends, costs = [], []
+        for bracket, held in self.holding.items():
+            if held.running and bracket not in planned:
+                until = self._gpu_free(held).max(axis=2)  # S x nodes
+                ends.append(until.max(axis=1))
+                costs.append(self._held_pool(held).bill(until))
+        if not ends:
+            return None
+        return np.max(ends, axis=0), np.sum(costs, axis=0)
 
     def judging(self, quantile: float) -> PlanSimulator:
         """This simulator judging plans at ``quantile``: the same draws, and the chains it
@@ -264,6 +280,10 @@ class PlanSimulator:
         for length, stage in enumerate(chain[state.stages :], start=state.stages + 1):
             instance = self.catalog.get(stage.instance_type, "plan.instance_type")
             price = instance.price(stage.market)  # checks that a spot stage has spot prices
+            if state.drain is not None and (stage.bracket, stage.rung) != state.running_stage:
+                # A barrier: the trials running in flight end before this stage begins.
+                state.now = np.maximum(state.now, state.drain)
+                state.busy = state.drain = None
             self._provision(state, stage, instance, trace)
             self._train(state, stage, instance, trace)
             state.rates.append(price / 3600 * state.held.count)
@@ -283,14 +303,57 @@ class PlanSimulator:
         profile = self.profile
         shift = None if self._fit is None else self._fit[:, 0]
         state = self._start(self.draws.job(profile.job_overhead_s, profile.job_overhead_sd, shift))
-        last = self.holding.get(chain[0].bracket)
-        if last is not None:  # in flight: it holds its last stage's nodes, ready now
-            instance = self.catalog.get(last.instance_type, "plan.instance_type")
-            zero = np.zeros((self.samples, last.instances))
-            rate = instance.interruptions_per_second(last.market)
-            fails = self.draws.lifetimes(last, HELD, last.instances, rate) if rate > 0 else None
-            state.pool = NodePool(instance, last.market, zero, zero, fails)
+        held = self.holding.get(chain[0].bracket)
+        if held is not None:  # in flight: it holds its last stage's nodes, ready now
+            state.pool = self._held_pool(held)
+            if held.running:
+                state.busy = self._gpu_free(held)
+                state.drain = state.busy.max(axis=(1, 2))
+                state.running_stage = held.key
         return state
+
+    def _held_pool(self, held: Held) -> NodePool:
+        """The nodes of ``held``'s stage, ready now (spot ones interrupted at their draw)."""
+        last = held.stage
+        instance = self.catalog.get(last.instance_type, "plan.instance_type")
+        zero = np.zeros((self.samples, last.instances))
+        rate = instance.interruptions_per_second(last.market)
+        fails = self.draws.lifetimes(last, HELD, last.instances, rate) if rate > 0 else None
+        return NodePool(instance, last.market, zero, zero, fails)
+
+    def running(self, bracket: int) -> Array:
+        """Seconds left (S x r) of the trials running on the nodes ``bracket`` holds, each
+        drawn given the time it has run (``planners.cost.held``); cached."""
+        left = self._running.get(bracket)
+        if left is None:
+            held = self.holding[bracket]
+            stage = held.stage
+            layout = self._layout(stage, self.catalog.get(stage.instance_type))
+            trial = np.arange(len(held.running)) % stage.trials
+            mean = self._means(layout)[..., trial]
+            speed = self.draws.speed(self.profile.run_cv)
+            u = self.draws.uniforms(stage.bracket, stage.rung, RUNNING, len(trial))
+            ran, sd = np.array(held.running), self._sd(layout)[..., trial]
+            left = self._running[bracket] = left_after(ran, mean, sd, speed, u)
+        return left
+
+    def _gpu_free(self, held: Held) -> Array:
+        instance = self.catalog.get(held.stage.instance_type)
+        placement = self._layout(held.stage, instance).placement
+        left = self.running(held.stage.bracket)
+        return gpu_free(placement, held.stage.instances, instance.gpus, left)
+
+    def _sd(self, layout: StageLayout) -> Array:
+        """The sd of each trial's segment time, per sample where the straggler spread was
+        read from a few segments (``Profile.segment_cv_dof``): each run its own spread."""
+        if isinstance(self._spread, float):
+            return layout.sd
+        extra = layout.spread_sd**2 * (self._spread**2 - 1.0)
+        return np.sqrt(np.maximum(layout.sd**2 + extra, 0.0))
+
+    def _means(self, layout: StageLayout) -> Array:
+        """The mean segment time of each trial, per sample where the calibration errs."""
+        return layout.mean + (0.0 if self._fit is None else self._fit[:, 1:] @ layout.basis)
 
     def _start(self, overhead: Array) -> _ChainState:
         """A chain at the job's start, the job's overhead drawn: the tail's share of it
@@ -312,12 +375,17 @@ class PlanSimulator:
             stage.market,
         ):
             state.release(pool, trace)  # another type or market: a new pool
-            pool = None
+            pool, state.busy = None, None
+        if pool is not None and state.busy is not None:
+            # The nodes that free first take the stage; the others go as their trials end.
+            order = np.argsort(state.busy.max(axis=2), axis=1, kind="stable")
+            pool = pool.reordered(order)
+            state.busy = np.take_along_axis(state.busy, order[:, :, None], axis=1)
         if pool is not None and pool.count > stage.instances:
             pool, gone = pool.split(stage.instances)  # the newest go; survivors keep theirs
-            state.release(gone, trace)
+            state.release(gone, trace, first=stage.instances)
         if pool is not None and pool.fails is not None:
-            pool, charge = self._replace_idle(stage, pool, state.now)
+            pool, charge = while_idle(self.draws, stage, pool, state.now)
             state.released = state.released + charge
         missing = stage.instances - (0 if pool is None else pool.count)
         if missing > 0:
@@ -364,18 +432,22 @@ class PlanSimulator:
         layout = self._layout(stage, instance)
         placement = layout.placement
         slot_ready = np.maximum(state.now[:, None], pool.ready[:, placement.slot_nodes])
+        if state.busy is not None:  # the rest of a stage in flight: GPUs free as trials end
+            slot_ready = np.maximum(slot_ready, slot_free(placement, instance.gpus, state.busy))
         if trace is not None:
             durations = layout.mean[None, :]
         else:
             z = self.draws.normals(stage.bracket, stage.rung, DURATION, stage.trials)
-            mean = layout.mean + (0.0 if self._fit is None else self._fit[:, 1:] @ layout.basis)
+            mean = self._means(layout)
             speed = self.draws.speed(self.profile.run_cv)
-            durations = np.maximum(mean + layout.sd * z, 0.0) * speed
+            durations = np.maximum(mean + self._sd(layout) * z, 0.0) * speed
         hits = np.zeros(len(state.now))
         if pool.fails is not None:
             busy = slot_ready + durations @ placement.gather
             unit = layout.slot_unit
-            busy, pool, charge, hits = self._interrupt(stage, placement, pool, busy, unit)
+            busy, pool, charge, hits = while_busy(
+                self.draws, self.profile.overhead_s, stage, placement, pool, busy, unit
+            )
             state.released = state.released + charge
             end = busy.max(axis=1)
         elif placement.waves == 1:
@@ -383,72 +455,15 @@ class PlanSimulator:
         else:
             end = (slot_ready + durations @ placement.gather).max(axis=1)
         if trace is not None:
-            self._record(trace, stage, placement, durations[0], slot_ready[0], pool.ids)
+            trace.stage(stage, placement, durations[0], slot_ready[0], pool.ids)
+        if state.drain is not None:  # the stage ends with its trials that ran in flight too
+            end = np.maximum(end, state.drain)
+            state.busy = state.drain = None
         state.pool = pool
         state.starts.append(slot_ready.min(axis=1))
         state.ends.append(end)
         state.lost.append(hits)
         state.now = end
-
-    def _interrupt(
-        self, stage: StagePlan, placement: Placement, pool: NodePool, busy: Array, unit: Array
-    ) -> tuple[Array, NodePool, Array, Array]:
-        """Spot interruptions while the stage trains: per slot, ``busy`` (S x slots) is
-        when it would finish if nothing more were interrupted. A node whose instance is
-        interrupted while one of its slots is busy is replaced (queueing plus startup);
-        each busy slot on it redoes the work since its last checkpoint (a uniform part of
-        one resource unit, ``unit``) plus the profile's overhead, on the replacement.
-        Returns the new ends, the pool, the interrupted instances' bills and the count."""
-        assert pool.fails is not None
-        rate = pool.instance.interruptions_per_second(pool.market)
-        nodes = placement.slot_nodes
-        onto = np.zeros((len(nodes), pool.count))  # slot -> its node
-        onto[np.arange(len(nodes)), nodes] = 1.0
-        request, ready, fails = pool.request, pool.ready, pool.fails
-        charges, hits = np.zeros(self.samples), np.zeros(self.samples)
-        for round_ in range(_MAX_ROUNDS):
-            hit = (fails[:, nodes] < busy) & np.isfinite(busy)  # interrupted while busy
-            node_hit = (hit @ onto) > 0
-            if not node_hit.any():
-                break
-            base = SPOT + 8 * round_
-            gone = dataclasses.replace(pool, request=request, ready=ready)
-            charges = charges + np.where(node_hit, gone.charge(fails), 0.0).sum(axis=1)
-            down = self.draws.delays(pool.instance, stage, (base, base + 1), pool.count)
-            redo = self.draws.uniforms(stage.bracket, stage.rung, base + 2, len(nodes)) * unit
-            request = np.where(node_hit, fails, request)
-            ready = np.where(node_hit, fails + down, ready)
-            busy = np.where(hit, busy + down[:, nodes] + redo + self.profile.overhead_s, busy)
-            life = self.draws.lifetimes(stage, base + 3, pool.count, rate)
-            fails = np.where(node_hit, ready + life, fails)
-            hits = hits + node_hit.sum(axis=1)
-        else:
-            # Interrupted far more often than a unit of work completes: it never finishes.
-            busy = np.where(fails[:, nodes] < busy, np.inf, busy)
-        pool = dataclasses.replace(pool, request=request, ready=ready, fails=fails)
-        return busy, pool, charges, hits
-
-    def _replace_idle(self, stage: StagePlan, pool: NodePool, now: Array) -> tuple[NodePool, Array]:
-        """Instances of a kept spot pool interrupted while idle (before the barrier at
-        ``now``) were replaced at once: bill them up to the interruption and give their
-        nodes the replacement's request and ready times."""
-        assert pool.fails is not None
-        rate = pool.instance.interruptions_per_second(pool.market)
-        request, ready, fails = pool.request, pool.ready, pool.fails
-        charges = np.zeros(len(now))
-        for round_ in range(_MAX_ROUNDS):
-            hit = (fails < now[:, None]) & np.isfinite(now)[:, None]
-            if not hit.any():
-                break
-            base = SPOT + 8 * round_ + 4
-            gone = dataclasses.replace(pool, request=request, ready=ready)
-            charges = charges + np.where(hit, gone.charge(fails), 0.0).sum(axis=1)
-            down = self.draws.delays(pool.instance, stage, (base, base + 1), pool.count)
-            request = np.where(hit, fails, request)
-            ready = np.where(hit, fails + down, ready)
-            life = self.draws.lifetimes(stage, base + 2, pool.count, rate)
-            fails = np.where(hit, ready + life, fails)
-        return dataclasses.replace(pool, request=request, ready=ready, fails=fails), charges
 
     def _layout(self, stage: StagePlan, instance: InstanceType) -> StageLayout:
         key = (stage, instance.name)
@@ -460,29 +475,3 @@ class PlanSimulator:
         """The stage as this simulator runs it: :func:`planners.cost.layout.packed` with
         packing, else as planned."""
         return packed(self.profile, stage, instance) if self.packing else stage
-
-    @staticmethod
-    def _record(
-        trace: Trace,
-        stage: StagePlan,
-        placement: Placement,
-        durations: Array,
-        slot_ready: Array,
-        ids: Sequence[int],
-    ) -> None:
-        free = [float(t) for t in slot_ready]  # when each slot is next free
-        for trial, slot_index in enumerate(placement.trial_slot):
-            slot = placement.slots[slot_index]
-            start, free[slot_index] = free[slot_index], free[slot_index] + durations[trial]
-            trace.segments.append(
-                SegmentSpan(
-                    stage.bracket,
-                    stage.rung,
-                    trial,
-                    ids[slot.node],
-                    slot.offset,
-                    slot.gpus,
-                    start,
-                    free[slot_index],
-                )
-            )

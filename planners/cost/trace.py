@@ -18,7 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from planners.cost.allocation import StagePlan
 from planners.cost.catalog import InstanceType
+from planners.cost.pool import Array
+from planners.staging.placement import Placement
 
 
 @dataclass(frozen=True)
@@ -74,3 +77,29 @@ class Trace:
             bracket, name, gpus, requested, ready, market = self._open.pop(node)
             self.nodes.append(NodeSpan(node, bracket, name, gpus, requested, ready, at, market))
         self.nodes.sort(key=lambda n: n.node)
+
+    def stage(
+        self,
+        stage: StagePlan,
+        placement: Placement,
+        durations: Array,
+        slot_ready: Array,
+        ids: Sequence[int],
+    ) -> None:
+        """The segments of ``stage``: each slot runs its trials in turn from ``slot_ready``,
+        on the nodes ``ids``."""
+        free = [float(t) for t in slot_ready]  # when each slot is next free
+        for trial, slot_index in enumerate(placement.trial_slot):
+            slot = placement.slots[slot_index]
+            start, free[slot_index] = free[slot_index], free[slot_index] + durations[trial]
+            span = SegmentSpan(
+                stage.bracket,
+                stage.rung,
+                trial,
+                ids[slot.node],
+                slot.offset,
+                slot.gpus,
+                start,
+                free[slot_index],
+            )
+            self.segments.append(span)

@@ -420,6 +420,7 @@ class ProfileSpec(StrictModel):
     run_cv: NonNegativeFloat = 0.0
     calibration_cov: Covariance | None = None  # how far the calibration may be off
     calibration_dof: PositiveFloat | None = None  # the spreads' degrees of freedom
+    segment_cv_dof: PositiveFloat | None = None  # segment_cv's degrees of freedom
     speedup: dict[PositiveFloat, PositiveFloat] | None = None
     serial_fraction: float | None = Field(default=None, ge=0, lt=1)
     gpus: list[PositiveFloat] = Field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0], min_length=1)

@@ -92,9 +92,12 @@ class WorkerCap:
 @dataclass(frozen=True)
 class StageSlots:
     """Each stage at most at its planned concurrency (``Stage.slots``, set by the cost
-    planner for every stage), each segment at its stage's GPUs per trial."""
+    planner for every stage), each segment at its stage's GPUs per trial. ``draining``:
+    segments (bracket, rung, trial) that a re-plan moved their stage away from (another
+    instance type or market): they end where they run and take none of its slots."""
 
     plan: Plan
+    draining: frozenset[tuple[int, int, int]] = frozenset()
     stages_side_by_side: ClassVar[bool] = True
 
     def may_start(self, segment: Segment, running: Sequence[Segment]) -> bool:
@@ -124,14 +127,19 @@ class StageSlots:
     def demand(self, stages: Sequence[Stage]) -> tuple[int, float]:
         return sum(s.slots or 0 for s in stages), max(s.gpus_per_trial for s in stages)
 
-    def replanned(self, plan: Plan) -> StageSlots:
-        """The same policy on ``plan``, the job's stages re-planned in flight."""
-        return StageSlots(plan)
+    def replanned(
+        self, plan: Plan, draining: frozenset[tuple[int, int, int]] = frozenset()
+    ) -> StageSlots:
+        """The same policy on ``plan``, the job's stages re-planned in flight, the segments
+        ``draining`` (bracket, rung, trial) left out of their stage's slots."""
+        return StageSlots(plan, self.draining | draining)
 
     def _stage(self, segment: Segment) -> Stage:
         return self.plan.stage(segment.bracket, segment.rung)
 
-    @staticmethod
-    def _has_room(stage: Stage, running: Sequence[Segment]) -> bool:
-        same = sum((s.bracket, s.rung) == (stage.bracket, stage.rung) for s in running)
+    def _has_room(self, stage: Stage, running: Sequence[Segment]) -> bool:
+        key = (stage.bracket, stage.rung)
+        same = sum(
+            (s.bracket, s.rung) == key and (*key, s.trial) not in self.draining for s in running
+        )
         return same < (stage.slots or 0)

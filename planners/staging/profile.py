@@ -120,6 +120,9 @@ class Profile:
         calibration_dof: The degrees of freedom the run-to-run spreads (``job_overhead_sd``,
             ``run_cv``, and so ``calibration_cov``) were estimated with: a run's draws are
             then Student-t; ``None``: the spreads taken as exact.
+        segment_cv_dof: The degrees of freedom ``segment_cv`` was read with: each
+            simulated run then draws a straggler spread of its own around it (a few
+            segments may have read it narrow); ``None``: taken as exact.
         gpu: GPU model the timings were measured on; ``None`` means any model.
         gpu_speed: Throughput of other GPU models relative to ``gpu`` (2.0: twice as
             fast): the job file's ``speed``.
@@ -135,6 +138,7 @@ class Profile:
     run_cv: float = 0.0
     calibration_cov: tuple[tuple[float, ...], ...] | None = None
     calibration_dof: float | None = None
+    segment_cv_dof: float | None = None
     gpu: str | None = None
     gpu_speed: Mapping[str, float] = field(default_factory=dict)
 
@@ -179,8 +183,12 @@ class Profile:
                 raise ProfileError(
                     f"profile.calibration_cov: {problem or f'must be {SIZE} x {SIZE}'}"
                 )
-        if self.calibration_dof is not None and not self.calibration_dof > 0:
-            raise ProfileError(f"profile.calibration_dof: must be > 0, got {self.calibration_dof}")
+        for name, dof in (
+            ("calibration_dof", self.calibration_dof),
+            ("segment_cv_dof", self.segment_cv_dof),
+        ):
+            if dof is not None and not dof > 0:
+                raise ProfileError(f"profile.{name}: must be > 0, got {dof}")
         for model, factor in self.gpu_speed.items():
             if not factor > 0:
                 raise ProfileError(f"profile.speed.{model}: must be > 0, got {factor}")
@@ -235,6 +243,7 @@ class Profile:
             "run_cv": spec.run_cv,
             "calibration_cov": spec.calibration_cov,
             "calibration_dof": spec.calibration_dof,
+            "segment_cv_dof": spec.segment_cv_dof,
             "gpu": spec.gpu,
             "gpu_speed": dict(spec.speed),
         }
@@ -326,6 +335,8 @@ class Profile:
             out["calibration_cov"] = [list(row) for row in self.calibration_cov]
         if self.calibration_dof is not None:
             out["calibration_dof"] = self.calibration_dof
+        if self.segment_cv_dof is not None:
+            out["segment_cv_dof"] = self.segment_cv_dof
         if self.gpu is not None:
             out["gpu"] = self.gpu
         if self.gpu_speed:

@@ -156,12 +156,17 @@ class StagePacker:
         total = sum(self._budget(s) for s in self.plan.stages)
         return total - sum(a.width for a in self._admitted.values()) >= self._narrowest - _EPS
 
-    def replanned(self, plan: Plan) -> StagePacker:
+    def replanned(self, plan: Plan, draining: frozenset[SegmentKey] = frozenset()) -> StagePacker:
         """This packer on ``plan``, the same stages re-planned in flight (other nodes, GPUs
         or instance type): the segments admitted keep their widths, and a stage whose
-        allocation changed packs the segments it has not started over its new GPUs."""
+        allocation changed packs the segments it has not started over its new GPUs. The
+        segments ``draining`` (bracket, rung, trial) end on the nodes the stage left: they
+        hold none of its GPUs."""
         packer = replace(self, plan=plan)
-        packer._admitted = dict(self._admitted)
+        packer._admitted = {
+            key: replace(a, scope=None) if key in draining else a
+            for key, a in self._admitted.items()
+        }
         for key, group in self._groups.items():
             kept = self.plan.stage(*key) == plan.stage(*key)
             packer._groups[key] = _Group(list(group.widths) if kept else [], group.started)
