@@ -34,9 +34,9 @@ from planners.cost.allocation import StagePlan
 from planners.cost.pool import Array
 from planners.staging.placement import Placement
 
-_NORMAL = NormalDist()
-_cdf = np.vectorize(_NORMAL.cdf, otypes=[float])
-_inv_cdf = np.vectorize(_NORMAL.inv_cdf, otypes=[float])
+# The normal's upper tail by erfc, which keeps its precision where 1 - cdf would lose it.
+_tail = np.vectorize(lambda a: 0.5 * math.erfc(a / math.sqrt(2)), otypes=[float])
+_inv_cdf = np.vectorize(NormalDist().inv_cdf, otypes=[float])
 _TINY = 1e-300  # inv_cdf needs 0 < p < 1
 
 
@@ -60,14 +60,14 @@ class Held:
 
 def left_after(ran: Array, mean: Array, sd: Array, speed: Array, u: Array) -> Array:
     """Seconds left (S x r) of ``r`` running segments that have run ``ran`` seconds each,
-    their time ``max(mean + sd * z, 0) * speed`` (``mean`` r or S x r, ``sd`` r, ``speed``
+    their time ``max(mean + sd * z, 0) * speed`` (``mean`` and ``sd`` r or S x r, ``speed``
     S x 1) with ``z`` a standard normal drawn by inversion of ``u`` (S x r) given that the
     time exceeds ``ran``. A segment whose spread is 0 and whose time has passed ends now."""
     bound = ran / speed - mean  # S x r: past the mean by, at the run's speed
     spread = sd > 0
     a = np.where(spread, bound / np.where(spread, sd, 1.0), np.copysign(np.inf, bound))
-    # z above a: -inv_cdf((1 - u) * cdf(-a)), which keeps its precision far in the tail.
-    tail = _cdf(-a)
+    # z above a: -inv_cdf((1 - u) * tail(a)), which keeps its precision far in the tail.
+    tail = _tail(a)
     z = np.where(tail > 0, -_inv_cdf(np.clip((1.0 - u) * tail, _TINY, 1.0 - 1e-16)), 0.0)
     seconds = np.maximum(mean + sd * z, 0.0) * speed
     return np.maximum(seconds - ran, 0.0)
