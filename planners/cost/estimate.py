@@ -98,7 +98,8 @@ class ProfileEstimate:
 
     def censored(self, running: Sequence[Running]) -> ProfileEstimate:
         """This estimate with the segments still ``running`` counted as they will likely
-        end (module docstring)."""
+        end (module docstring); a new estimate each time, so the running ones are counted
+        once, and replaced by what they measure once they finish."""
         out = self
         for _ in range(_ROUNDS if running else 0):
             guess = ProfileEstimate(self.prior, self.prior_error, self.prior_weight)
