@@ -99,10 +99,11 @@ class InFlight:
     def finished(self, segment: Segment, report: SegmentReport, story: Story) -> Decision | None:
         """Record a finished segment; re-plan if it ends a first wave or a stage. A failed
         segment says nothing of the speed: it is not timed."""
+        now = time.monotonic()  # one clock for the segment, those running and the decision
         _, began = self._started.pop((segment.trial, segment.start), (None, None))
         if began is not None and not report.result.failed:
             first = segment.start == 0
-            seconds = self._on_worker(time.monotonic() - began, report, first)
+            seconds = self._on_worker(now - began, report, first)
             resource = segment.stop - segment.start
             self.estimate.observe(segment.gpus, resource, seconds, first=first)
         stage = self.job.execution.stage(segment)
@@ -113,11 +114,11 @@ class InFlight:
         if not wave and done != stage.trials:
             return None
         finished = dict(self.job.tally.stage_results)
-        holding = self._holding(finished)
+        holding = self._holding(finished, now)
         if not left_to_run(self.replanner.stages, under_way(finished, holding)):
             return None  # every trial has begun: nothing a plan could change
         try:
-            return self._decide(finished, holding, story)
+            return self._decide(finished, holding, now, story)
         except Exception as exc:  # the job runs on fine at its plan: a re-plan only improves it
             story.replan_failed(exc)
             return None
@@ -129,10 +130,9 @@ class InFlight:
         the speed it learns."""
         return min(seen, report.result.seconds + self.estimate.prior.segment_overhead(first))
 
-    def _holding(self, finished: dict[tuple[int, int], int]) -> dict[int, Held]:
+    def _holding(self, finished: dict[tuple[int, int], int], now: float) -> dict[int, Held]:
         """Per chain, the nodes of its stage running or just finished, and how long each
-        segment still running there has run."""
-        now = time.monotonic()
+        segment still running there has run by ``now`` (the monotonic clock)."""
         running: dict[tuple[int, int], list[float]] = {}
         for segment, began in self._started.values():
             running.setdefault((segment.bracket, segment.rung), []).append(now - began)
@@ -144,9 +144,12 @@ class InFlight:
         return holding
 
     def _decide(
-        self, finished: dict[tuple[int, int], int], holding: dict[int, Held], story: Story
+        self,
+        finished: dict[tuple[int, int], int],
+        holding: dict[int, Held],
+        now: float,
+        story: Story,
     ) -> Decision:
-        now = time.monotonic()
         elapsed = now - self.job.began
         self._bill(elapsed, [held.stage for held in holding.values()])
         # The segments still running are the slow ones: left out, the speed reads fast.

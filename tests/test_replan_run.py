@@ -141,7 +141,7 @@ def test_a_stage_is_re_planned_when_what_it_began_with_has_finished(tmp_path) ->
     assert stage is not None and (stage.slots or 0) > 1
     flight.started([first])  # the stage began with one segment
     asked: list[int] = []
-    flight._decide = lambda finished, holding, story: asked.append(finished[(0, 0)])  # type: ignore[method-assign]
+    flight._decide = lambda finished, holding, now, story: asked.append(finished[(0, 0)])  # type: ignore[method-assign]
     job.tally.count(first.trial, {"bracket": 0, "rung": 0}, job.spec.metric)
     flight.finished(first, report(first, seconds=1.0), None)  # type: ignore[arg-type]
     assert asked == [1]  # its first wave has finished: decide now, not after its slots
@@ -156,7 +156,7 @@ def test_the_speed_learnt_leaves_out_the_wait_for_a_worker(tmp_path) -> None:
     # On a work pool a segment may wait for a node to start: the driver sees that wait, the
     # worker does not. The speed learnt is the worker's, plus the profile's overhead.
     job, flight = in_flight(tmp_path, PLANNED)
-    flight._decide = lambda finished, holding, story: None  # type: ignore[method-assign,assignment]
+    flight._decide = lambda finished, holding, now, story: None  # type: ignore[method-assign,assignment]
     queued, failed = job.loop.next_segment(), job.loop.next_segment()
     assert queued is not None and failed is not None
     flight.started([queued, failed])
@@ -196,7 +196,7 @@ def test_segments_running_at_a_re_plan_run_on_where_they_are(tmp_path) -> None:
     first, second, third = (job.loop.next_segment() for _ in range(3))
     assert first is not None and second is not None and third is not None
     flight.started([first, second])
-    held = flight._holding({})[0]
+    held = flight._holding({}, time.monotonic())[0]
     assert held.key == (0, 0) and len(held.running) == 2 and min(held.running) >= 0
     stage = held.stage
     gpus = stage.tiers[0].gpus

@@ -52,11 +52,11 @@ class Draws:
         chi2 = (self.normals(0, rung, RUN, dof) ** 2).sum(axis=1)
         return np.sqrt(dof / chi2)
 
-    def spread(self, dof: float | None) -> Array | float:
+    def spread(self, dof: float | None) -> Array | None:
         """The factor on the straggler spread per sample (S x 1) where it was read with
         ``dof`` degrees of freedom: each run its own spread, so that a tail a few segments
-        read narrow is still drawn; 1 where the spread is taken as exact."""
-        return 1.0 if dof is None else self._scale(max(1, round(dof)), rung=2)[:, None]
+        read narrow is still drawn; None where the spread is taken as exact."""
+        return None if dof is None else self._scale(max(1, round(dof)), rung=2)[:, None]
 
     def normals(self, bracket: int, rung: int, purpose: int, columns: int) -> Array:
         """``samples x columns`` standard normals, fixed per (bracket, rung, purpose).

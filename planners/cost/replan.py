@@ -226,11 +226,11 @@ class Replanner:
         ``spent`` dollars into the job, timed by ``profile``. ``holding``: per bracket, the
         nodes the chain holds now and the trials running on them (module docstring);
         the decision's plan holds only the trials not begun."""
-        begun = under_way(finished, holding)
-        remaining = left_to_run(self.stages, begun)
+        started = under_way(finished, holding)
+        remaining = left_to_run(self.stages, started)
         if not remaining:
             raise ValueError("every trial has begun: nothing left to re-plan")
-        kept_plan = _remaining(plan, self.stages, begun)
+        kept_plan = _remaining(plan, self.stages, started)
         # A deadline already passed still gets a plan: the fastest (1 s cannot be met).
         deadline_left = None if self.deadline is None else max(self.deadline - elapsed, 1.0)
         budget_left = None if self.budget is None else self.budget - spent
@@ -337,7 +337,8 @@ def first_wave(stage: StagePlan, catalog: Catalog) -> int:
 
 
 def begun(stage: StagePlan, catalog: Catalog) -> int:
-    """Trials of ``stage`` begun when its first wave's last segment reports: each earlier
+    """Trials of ``stage`` begun when as many of its segments have reported as its first
+    wave holds (the flow's moment to decide), its slots all started at once: each earlier
     report freed a slot that began the next (the last one's begins after the decision)."""
     return min(stage.trials, 2 * first_wave(stage, catalog) - 1)
 

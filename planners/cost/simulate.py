@@ -190,7 +190,8 @@ class PlanSimulator:
         cov = profile.calibration_cov
         self._fit = None if cov is None else self.draws.fit(cov)  # S x (F, o, c, t)
         self._prefixes: dict[tuple[StagePlan, ...], _ChainState] = {}
-        self._running: dict[int, Array] = {}
+        self._running: dict[int, Array] = {}  # per bracket held: the running trials' time left
+        self._free: dict[int, Array] = {}  # and when each GPU they hold is free
 
     # --- public -------------------------------------------------------------------------
 
@@ -338,15 +339,21 @@ class PlanSimulator:
         return left
 
     def _gpu_free(self, held: Held) -> Array:
-        instance = self.catalog.get(held.stage.instance_type)
-        placement = self._layout(held.stage, instance).placement
-        left = self.running(held.stage.bracket)
-        return gpu_free(placement, held.stage.instances, instance.gpus, left)
+        """When each GPU of ``held``'s nodes is free (S x nodes x gpus); cached, as every
+        chain that resumes from it and every plan's draining asks again."""
+        free = self._free.get(held.stage.bracket)
+        if free is None:
+            instance = self.catalog.get(held.stage.instance_type)
+            placement = self._layout(held.stage, instance).placement
+            left = self.running(held.stage.bracket)
+            free = gpu_free(placement, held.stage.instances, instance.gpus, left)
+            self._free[held.stage.bracket] = free
+        return free
 
     def _sd(self, layout: StageLayout) -> Array:
         """The sd of each trial's segment time, per sample where the straggler spread was
         read from a few segments (``Profile.segment_cv_dof``): each run its own spread."""
-        if isinstance(self._spread, float):
+        if self._spread is None:
             return layout.sd
         extra = layout.spread_sd**2 * (self._spread**2 - 1.0)
         return np.sqrt(np.maximum(layout.sd**2 + extra, 0.0))
