@@ -6,8 +6,9 @@ and the same budget from the command's start, under:
 
 - elastune's default: bloom + mf-tpe, ``compute.workers: W``, run as ``python -m flows.cli
   run`` (Prefect's ephemeral server, MLflow and Optuna on SQLite) with ``max_trials: null``,
-  and cut at the budget by the wall clock (SIGKILL of its process group): ``elastune run``
-  does not stop at ``budget.deadline`` (docs/job-file.md);
+  and cut at the budget by the wall clock (SIGKILL of its process group), as Optuna's arm
+  is: the budget counts from the command's start, ``budget.deadline`` from the job's, a few
+  seconds later (docs/job-file.md);
 - Optuna's own loop: ``TPESampler`` + ``HyperbandPruner`` (same ladder: 1 to 27 epochs,
   eta 3), ``study.optimize(n_jobs=W)`` in memory, run as its own process and cut alike.
 

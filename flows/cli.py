@@ -91,6 +91,13 @@ def _print_run(summary: dict[str, Any]) -> None:
     table.add_row("best config", "-" if best is None else json.dumps(best["config"]))
     for key in ("trials", "segments", "wall_seconds", "mlflow_run_id", "optuna_storage"):
         table.add_row(key.replace("_", " "), str(summary[key]))
+    deadline = summary.get("deadline")
+    if deadline is not None:
+        passed = f"passed, {deadline['segments_cut']} segments cut short"
+        table.add_row(
+            "deadline",
+            f"{deadline['seconds']:g} s: " + (passed if deadline["passed"] else "not reached"),
+        )
     Console().print(table)
 
 

@@ -1,11 +1,15 @@
 """Drive a job: recover what a dead driver left in flight, then run its segments until the
-scheduler has nothing left.
+scheduler has nothing left, or its deadline passes.
 
 One loop serves every scheduler. While the admission policy has room it submits the
 segments the scheduler hands out; as each finishes (in completion order) it records the
 result, which may promote, pause or stop trials. A synchronous scheduler (SHA, Hyperband)
 hands out nothing at a rung's barrier, so the same loop walks its plan stage by stage; an
 asynchronous one (ASHA) keeps every worker busy.
+
+Once ``budget.deadline`` has passed (counted from the driver's start) nothing new starts,
+the segments running stop at their next step (``TrialContext.range``), each trial kept
+where it got to, and the job ends as if its scheduler had run out.
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ def local_switch_interval() -> Iterator[None]:
 
 
 def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
-    """Run a job's segments until its scheduler has nothing left; returns the summary."""
+    """Run a job's segments until its scheduler has nothing left, or its deadline has
+    passed and nothing runs; returns the summary."""
     spec, execution = job.spec, job.execution
     print(execution.mode, file=sys.stderr, flush=True)
     # Threads share the cores: give each worker its slice instead of oversubscribing.
@@ -83,6 +88,8 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
             ):
                 run_segments(job, launcher, sizer, pending, progress, story, held, flight)
             summary = finish(job, story, held)
+            if summary.get("deadline", {}).get("passed"):  # where the deadline left each trial
+                publish_leaderboard(job, "the deadline")
             if flight is not None:
                 summary["replanning"] = flight.to_dict()
             publish_plan(job, held, summary["wall_seconds"], flight)
@@ -138,11 +145,12 @@ def describe(job: Job, held: HeldForecast | None = None, wall_seconds: float | N
 
 def recover(job: Job) -> list[Segment]:
     """The segments a dead driver left in flight that still have to run: those that
-    finished meanwhile are recorded from the report they kept in MLflow."""
+    finished meanwhile are recorded from the report they kept in MLflow. One its deadline
+    cut short runs again, from where it stopped: this driver's deadline counts anew."""
     pending = job.loop.in_flight()
     for segment in list(pending):
         saved = job.runs.saved_report(segment)
-        if saved is not None:
+        if saved is not None and not saved.get("cut", False):
             pending.remove(segment)
             job.record(segment, SegmentReport.from_dict(saved))
     return pending
@@ -159,10 +167,14 @@ def run_segments(
     flight: InFlight | None = None,
 ) -> None:
     """Start what the admission policy lets start, record what finishes; until nothing
-    runs and the scheduler hands out nothing more. A planned job's ``held`` forecast
-    notes each stage's end, and the plan artifact shows it."""
+    runs and the scheduler hands out nothing more, or nothing runs past the deadline. A
+    planned job's ``held`` forecast notes each stage's end, and the plan artifact shows it."""
     while True:
-        starting = admit(job, pending, launcher.running)
+        if job.past_deadline():
+            story.deadline_passed()  # told once
+            starting = []
+        else:
+            starting = admit(job, pending, launcher.running)
         if sizer is not None:
             story.sized(sizer.size(starting))
         story.starting(starting)
@@ -174,27 +186,50 @@ def run_segments(
         if not launcher.running:
             return
         segment, report = launcher.next_report()
+        if report.cut and report.error is None:  # stopped short: nothing more to learn
+            job.cut(segment, report)
+            story.cut(segment, report.result.resource)
+            continue
         decisions = job.record(segment, report)
         story.decided(decisions)
-        replan = None if flight is None else flight.finished(segment, report, story)
-        if replan is not None:
-            publish_plan(job, held, flight=flight)
-            if sizer is not None and replan.changed:  # the pool follows the new plan
-                sizer.replanned(job.execution)
-        stage = f"stage b{segment.bracket}-r{segment.rung}"
-        progress.update(stage, job.best_metric())
-        if job.stage_done(segment, decisions):
-            story.stage_done(segment)
-            if sizer is not None:
-                sizer.stage_done(segment)
-            if held is not None:
-                held.stage_done(segment.bracket, segment.rung, time.monotonic() - job.began)
+        # Past the deadline nothing starts again: there is nothing left to re-plan.
+        if flight is not None and not job.past_deadline():
+            replan = flight.finished(segment, report, story)
+            if replan is not None:
                 publish_plan(job, held, flight=flight)
-            create_table_artifact(
-                key=artifact_key(job.job_id, "leaderboard"),
-                table=leaderboard(job),
-                description=f"leaderboard after {stage} of {job.job_id}",
-            )
+                if sizer is not None and replan.changed:  # the pool follows the new plan
+                    sizer.replanned(job.execution)
+        progress.update(f"stage b{segment.bracket}-r{segment.rung}", job.best_metric())
+        if job.stage_done(segment, decisions):
+            stage_done(job, segment, story, sizer, held, flight)
+
+
+def stage_done(
+    job: Job,
+    segment: Segment,
+    story: Story,
+    sizer: PoolSizer | None,
+    held: HeldForecast | None,
+    flight: InFlight | None,
+) -> None:
+    """``segment``'s stage ended: told, the pool sized down, a planned job's forecast and
+    the leaderboard published."""
+    story.stage_done(segment)
+    if sizer is not None:
+        sizer.stage_done(segment)
+    if held is not None:
+        held.stage_done(segment.bracket, segment.rung, time.monotonic() - job.began)
+        publish_plan(job, held, flight=flight)
+    publish_leaderboard(job, f"stage b{segment.bracket}-r{segment.rung}")
+
+
+def publish_leaderboard(job: Job, after: str) -> None:
+    """The leaderboard artifact, again under the same key (Prefect keeps each version)."""
+    create_table_artifact(
+        key=artifact_key(job.job_id, "leaderboard"),
+        table=leaderboard(job),
+        description=f"leaderboard after {after} of {job.job_id}",
+    )
 
 
 def admit(job: Job, pending: list[Segment], running: list[Segment]) -> list[Segment]:

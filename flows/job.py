@@ -46,9 +46,11 @@ class Tally:
     errors: dict[int, str] = field(default_factory=dict)  # trial -> why it failed
     stage_results: dict[tuple[int, int], int] = field(default_factory=dict)
     metric_seen: bool = False
+    cut: int = 0  # segments the job's deadline stopped short
 
     def count(self, trial: int, note: dict[str, Any], metric: str) -> None:
         self.segments += 1
+        self.cut += bool(note.get("cut"))
         if note.get("error"):
             self.errors[trial] = note["error"]
         if metric in note.get("metrics_seen", ()):
@@ -161,6 +163,26 @@ class Job:
         decisions = self.loop.decide(report.result, note)
         self.tally.count(segment.trial, note, self.spec.metric)
         return decisions
+
+    def cut(self, segment: Segment, report: SegmentReport) -> list[Decision]:
+        """A segment the deadline stopped short (``report.cut``): its trial is stopped
+        where it got to, journaled and tallied as :meth:`record` does."""
+        self.last_report = time.monotonic()
+        note = {
+            "metrics_seen": list(report.metrics_seen),
+            "error": None,
+            "rung": segment.rung,
+            "bracket": segment.bracket,
+            "cut": True,
+        }
+        decisions = self.loop.cut(report.result, note)
+        self.tally.count(segment.trial, note, self.spec.metric)
+        return decisions
+
+    def past_deadline(self) -> bool:
+        """Has the job's ``budget.deadline`` passed? Then nothing new starts."""
+        at = self.ref.deadline_at
+        return at is not None and time.time() >= at
 
     def flush(self) -> None:
         """Write what :meth:`record` left to Optuna and to the trials' runs. The driver

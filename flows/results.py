@@ -1,7 +1,7 @@
 """What a job leaves: its leaderboard, its best trial marked in MLflow, the best model
 registered when it beats the newest registered version, a planned job's forecast next to
 what it measured, and the summary ``elastune run`` prints (with an ``error`` when every
-trial failed), also stored on the study.
+trial failed, and whether the deadline stopped it), also stored on the study.
 """
 
 from __future__ import annotations
@@ -82,6 +82,12 @@ def finish(job: Job, story: Story, held: HeldForecast | None = None) -> dict[str
         "mode": job.execution.mode.to_dict(),
         **held_out,
     }
+    if job.spec.budget.deadline is not None:  # passed: it stopped the job (flows/drive.py)
+        summary["deadline"] = {
+            "seconds": job.spec.budget.deadline,
+            "passed": job.past_deadline(),
+            "segments_cut": job.tally.cut,
+        }
     if best is None and job.tally.errors:  # every trial failed: say why the first one did
         trial, error = next(iter(job.tally.errors.items()))
         summary["error"] = f"trial {trial}: {error}"

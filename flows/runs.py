@@ -81,8 +81,11 @@ class TrialRuns:
         return None if run_id is None else self.tracker.load_report(run_id, report_name(segment))
 
     def track(self, decision: Decision, error: str | None) -> None:
-        """Tag the trial's run with the scheduler's decision; end it when the trial ends."""
-        run_id = self.runs[decision.trial]
+        """Tag the trial's run with the scheduler's decision; end it when the trial ends.
+        A trial whose first segment never started (the deadline passed) has no run."""
+        run_id = self.runs.get(decision.trial)
+        if run_id is None:
+            return
         tags: dict[str, Any] = {"elastune.status": decision.action.value}
         if decision.rung >= 0:
             tags["elastune.rung"] = decision.rung

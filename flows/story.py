@@ -4,9 +4,10 @@ the numbers a person reads there and in the artifacts.
 
 The events: the job id and mode at start, each stage's start and end, every scheduler
 decision with what it was based on, the best so far when it changes, each pool sizing
-action, and the job's end or failure. A job of 50 trials writes a few hundred lines at most
-(about two per segment). The lines are INFO: the CLI keeps its terminal to warnings
-(docs/cli.md, Environment) while the run's Logs tab gets them all.
+action, the deadline's passing and each segment it cut short, and the job's end or failure.
+A job of 50 trials writes a few hundred lines at most (about two per segment). The lines are
+INFO: the CLI keeps its terminal to warnings (docs/cli.md, Environment) while the run's Logs
+tab gets them all.
 
 Example:
     >>> significant(0.003547349691008137), significant(12345.678), significant(-0.0)
@@ -28,6 +29,7 @@ from prefect import get_run_logger
 from flows.job import Job
 from infra.sizing import SizingRecord
 from planners.cost.replan import Decision as ReplanDecision
+from planners.cost.report import format_duration
 from planners.search.schedulers.base import Action, Decision, Segment
 
 DIGITS = 4  # significant digits of a metric or a configuration value
@@ -72,6 +74,7 @@ class Story:
         self.log = get_run_logger()
         self._started: set[tuple[int, int]] = set()  # (bracket, rung) of the stages begun
         self._best: tuple[int, float] | None = None  # (trial, metric) last told
+        self._deadline_told = False
 
     def begin(self, recovered: int) -> None:
         job = self.job
@@ -104,6 +107,28 @@ class Story:
         (``ended``: the job's end settled them); then the best so far, if it changed."""
         for decision in decisions:
             self.log.info("%s", self._decision(decision, ended))
+        self._best_so_far()
+
+    def deadline_passed(self) -> None:
+        """The job's deadline passed: from now on nothing starts. Told once."""
+        if self._deadline_told:
+            return
+        self._deadline_told = True
+        self.log.info(
+            "deadline %s passed: no segment starts from now, those running stop at their "
+            "next step", format_duration(self.job.spec.budget.deadline or 0),
+        )  # fmt: skip
+
+    def cut(self, segment: Segment, resource: float) -> None:
+        """A segment the deadline stopped short; its trial is stopped where it got to."""
+        self.deadline_passed()  # a segment may see it before the driver does
+        self.log.info(
+            "trial %d stopped by the deadline at resource %g (its segment %g → %g)",
+            segment.trial, resource, segment.start, segment.stop,
+        )  # fmt: skip
+        self._best_so_far()
+
+    def _best_so_far(self) -> None:
         best = self.job.loop.best()
         if best is not None and (best.trial, best.metric) != self._best:
             self._best = (best.trial, best.metric)
@@ -163,10 +188,11 @@ class Story:
 
     def end(self, summary: Mapping[str, Any]) -> None:
         best = summary["best"]
+        stopped = summary.get("deadline", {}).get("passed", False)
         self.log.info(
-            "job %s done: %s, %d segments in %s s; best %s",
-            self.job.job_id, _trials(summary["trials"]), summary["segments"],
-            seconds(summary["wall_seconds"]),
+            "job %s done%s: %s, %d segments in %s s; best %s",
+            self.job.job_id, " at its deadline" if stopped else "", _trials(summary["trials"]),
+            summary["segments"], seconds(summary["wall_seconds"]),
             "none" if best is None else f"{significant(best['metric'])} (trial {best['trial']})",
         )  # fmt: skip
 

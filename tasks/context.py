@@ -99,6 +99,8 @@ class TrialContext:
             ``sampler.seed`` mixed with the trial id); default: the trial id.
         spool: Where checkpoints are kept until :meth:`finish` hands the newest to MLflow
             (segments of the local pool); None: each goes to MLflow at once.
+        deadline_at: Wall-clock time (``time.time()``) of the job's deadline: :meth:`range`
+            ends at its first step past it (:attr:`cut` then says so); None: no deadline.
 
     Metrics are written to MLflow in batches: with the checkpoint that follows them (so a
     checkpoint in MLflow always has its metrics there too), at :meth:`finish`, and at
@@ -120,6 +122,7 @@ class TrialContext:
         world_size: int = 1,
         seed: int | None = None,
         spool: Spool | None = None,
+        deadline_at: float | None = None,
     ):
         self.trial = trial
         self.start = start
@@ -131,6 +134,8 @@ class TrialContext:
         self.rank = rank
         self.world_size = world_size
         self.seed = trial if seed is None else seed
+        self.deadline_at = deadline_at
+        self.cut = False  # range() ended short of stop: the job's deadline had passed
         self.resource: float = start
         self.restored_from: float = 0
         # (resource, metrics) of every report, and the objects handed to restore().
@@ -166,11 +171,28 @@ class TrialContext:
         return resource
 
     def range(self, start: float | None = None) -> Iterator[int]:
-        """Resource levels ``start+1 .. stop`` (1-based epochs or steps); tracks progress."""
+        """Resource levels ``start+1 .. stop`` (1-based epochs or steps); tracks progress.
+        Past the job's deadline it ends before the next level: the segment stops with what
+        it trained and checkpointed so far, and :attr:`cut` is set."""
         begin = self.restored_from if start is None else start
         for resource in range(math.floor(begin) + 1, math.floor(self.stop) + 1):
+            if self._past_deadline():
+                self.cut = True
+                return
             self.resource = resource
             yield resource
+
+    def _past_deadline(self) -> bool:
+        """Whether the deadline has passed; a data-parallel segment's ranks agree on it (any
+        rank past it stops them all), so none waits in a collective for a peer that left."""
+        if self.deadline_at is None:
+            return False
+        past = time.time() >= self.deadline_at
+        if not self.distributed:
+            return past
+        flag = torch.tensor([float(past)], device=self.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
 
     def report(self, resource: float | None = None, **metrics: float) -> None:
         """Log metrics at ``resource`` (default: the current one) to the trial's MLflow run."""

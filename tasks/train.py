@@ -69,6 +69,9 @@ class JobRef:
     elastic_fallback: bool = False
     seed: int | None = None  # sampler.seed: trials of jobs seeded alike start alike
     segment_timeout: float | None = None  # compute.segment_timeout (None: no limit)
+    # Wall-clock time (time.time()) of budget.deadline, counted from the job's start on its
+    # driver: segments stop at their first step past it (TrialContext.range). None: none.
+    deadline_at: float | None = None
 
     def trial_seed(self, trial: int) -> int:
         """``ctx.seed`` of a trial: the job's seed mixed with the trial id (the trial id
@@ -78,6 +81,8 @@ class JobRef:
 
     @classmethod
     def of(cls, spec: JobSpec, job_id: str, mlflow_uri: str) -> JobRef:
+        """The job's reference, its deadline counted from now."""
+        deadline = spec.budget.deadline
         return cls(
             job_id,
             spec.trainable,
@@ -91,6 +96,7 @@ class JobRef:
             elastic_fallback=spec.compute.elastic_fallback,
             seed=spec.sampler.seed,
             segment_timeout=spec.compute.segment_timeout,
+            deadline_at=None if deadline is None else time.time() + deadline,
         )
 
     def loss(self, value: float) -> float:
@@ -99,11 +105,13 @@ class JobRef:
 
 @dataclass(frozen=True)
 class SegmentReport:
-    """A finished segment: the scheduler's :class:`Result` plus what went wrong, if anything."""
+    """A finished segment: the scheduler's :class:`Result` plus what went wrong, if anything.
+    ``cut``: the job's deadline stopped it short of its stop (its result is partial)."""
 
     result: Result
     metrics_seen: tuple[str, ...]
     error: str | None = None
+    cut: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,7 +130,9 @@ class SegmentReport:
     def from_dict(cls, data: dict[str, Any]) -> SegmentReport:
         result = dict(data["result"])
         result["history"] = tuple(tuple(point) for point in result["history"])
-        return cls(Result(**result), tuple(data["metrics_seen"]), data["error"])
+        return cls(
+            Result(**result), tuple(data["metrics_seen"]), data["error"], data.get("cut", False)
+        )
 
 
 class SegmentTimeout(TimeoutError):
@@ -191,9 +201,9 @@ def run_segment(
     try:
         trainable = load_trainable(job.trainable)
     except TrainableError as exc:  # the job checked it; this worker lacks the code
-        reports, resource, error = [], segment.start, str(exc)
+        reports, resource, error, cut = [], segment.start, str(exc), False
     else:
-        reports, resource, error = _train_at_width(
+        reports, resource, error, cut = _train_at_width(
             job, segment, config, run_id, trainable, tracker, device, gpu_ids, spool
         )
     seconds = time.perf_counter() - began
@@ -215,7 +225,7 @@ def run_segment(
     failed = error is not None or not history
     loss = history[-1][1] if history else math.inf
     result = Result(segment.trial, resource, loss, failed, history, seconds)
-    report = SegmentReport(result, seen, error)
+    report = SegmentReport(result, seen, error, cut)
     # The report is kept with the trial, so a resumed or remote driver never re-runs a
     # segment that finished.
     tracker.save_report(run_id, report_name(segment), report.to_dict())
@@ -232,8 +242,9 @@ def _train_at_width(
     device: str | None,
     gpu_ids: Sequence[int] | None,
     spool: bool,
-) -> tuple[Reports, float, str | None]:
-    """Run the segment on one process or ``g``; its reports, resource reached and error."""
+) -> tuple[Reports, float, str | None, bool]:
+    """Run the segment on one process or ``g``; its reports, resource reached, error and
+    whether the deadline cut it short."""
     gpus, fallback = segment_width(job, segment, trainable)
     cuda = cuda_devices() is not None
     ids = list(gpu_ids) if cuda and gpu_ids is not None else None
@@ -250,9 +261,9 @@ def _train_at_width(
         ctx, error = _train(
             job, segment, config, run_id, trainable, device=device, gpus=gpus, spool=kept
         )
-        return ctx.reports, ctx.resource, error
+        return ctx.reports, ctx.resource, error, ctx.cut
     try:
-        reports, resource = run_distributed(
+        reports, resource, cut = run_distributed(
             _train_rank,
             int(gpus),
             (job, segment, config, run_id, gpus),
@@ -262,8 +273,8 @@ def _train_at_width(
         )
     except (DistributedError, TimeoutError) as exc:
         # The ranks' reports are lost with them; the segment failed either way.
-        return [], segment.start, str(exc)
-    return reports, resource, None
+        return [], segment.start, str(exc), False
+    return reports, resource, None, cut
 
 
 def segment_width(job: JobRef, segment: Segment, trainable: Trainable) -> tuple[float, str | None]:
@@ -346,6 +357,7 @@ def _train(
         run_id=run_id,
         tracker=shared_tracker(job.mlflow_uri, job.experiment),
         seed=job.trial_seed(segment.trial),
+        deadline_at=job.deadline_at,
         **placement,
     )
     if placement.get("world_size", 1) > 1:
@@ -414,7 +426,7 @@ def _train_rank(
     config: dict[str, Any],
     run_id: str,
     gpus: float,
-) -> tuple[Reports, float]:
+) -> tuple[Reports, float, bool]:
     """One process of a data-parallel segment; rank 0's reports are the segment's."""
     ctx, _ = _train(
         job,
@@ -427,7 +439,7 @@ def _train_rank(
         rank=dist.rank,
         world_size=dist.world_size,
     )
-    return ctx.reports, ctx.resource
+    return ctx.reports, ctx.resource, ctx.cut
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:

@@ -54,6 +54,7 @@ def test_auto_packs_a_distributed_trainable_with_a_speedup() -> None:
         "unplanned": None,
         "packed": True,
         "replanned": False,
+        "stops_at": None,
         "workers": "GPUs",
     }
 
@@ -132,7 +133,7 @@ def test_a_planned_job_admits_by_its_stage_slots() -> None:
     assert isinstance(execution.admission, StageSlots)
     assert execution.plan is not None and all(s.slots for s in execution.plan.stages)
     assert str(execution.mode) == (
-        "mode: planned (deadline 2h), not packed, re-planned in flight, "
+        "mode: planned (deadline 2h), not packed, re-planned in flight, stops after 2h, "
         "workers = not used (the cost plan sets each stage's concurrency)"
     )
 
@@ -223,6 +224,7 @@ def test_run_prints_the_mode_once_and_puts_it_in_json(tmp_path, stores, capsys) 
         "unplanned": None,
         "packed": False,
         "replanned": False,
+        "stops_at": None,
         "workers": "segments",
     }
     lines = [line for line in err.splitlines() if line.startswith("mode:")]

@@ -171,7 +171,9 @@ def lingering_quadratic(config: dict, ctx: TrialContext) -> None:
     time.sleep(float(os.environ.get("ELASTUNE_TEST_LINGER_SECONDS", "0")))
 
 
-def wide_quadratic(config: dict, ctx: TrialContext) -> None:
+def wide_quadratic(
+    config: dict, ctx: TrialContext, each_epoch: Callable[[int], None] | None = None
+) -> None:
     """:func:`quadratic`, data-parallel in name: it reports the world size it trained at,
     after an all-reduce that every rank must join (so the ranks really ran together)."""
     state = torch.nn.Linear(1, 1)
@@ -182,6 +184,8 @@ def wide_quadratic(config: dict, ctx: TrialContext) -> None:
         joined = torch.ones(1)
         if ctx.distributed:
             torch.distributed.all_reduce(joined)
+        if each_epoch is not None:
+            each_epoch(epoch)
         with torch.no_grad():
             state.bias += 1.0
         ceiling = 1 - (config["x"] - 0.7) ** 2
@@ -247,3 +251,19 @@ def checkpoints_until_stopped(config: dict, ctx: TrialContext) -> None:
             ctx.report(val_accuracy=config["x"])
             ctx.checkpoint(x=config["x"])
             time.sleep(0.005)  # training between checkpoints, in Python code
+
+
+def slow_wide_quadratic(config: dict, ctx: TrialContext) -> None:
+    """:func:`wide_quadratic` whose ranks but 0 take 0.5 s after each epoch's all-reduce:
+    rank 0 reaches its next step (and looks at the clock) 0.5 s before them, so a deadline
+    passes between the ranks' looks, and the next all-reduce waits for ever unless they
+    stop at the same step."""
+
+    def each_epoch(epoch: int) -> None:
+        if ctx.rank > 0:
+            time.sleep(0.5)
+
+    wide_quadratic(config, ctx, each_epoch)
+
+
+slow_wide_quadratic.distributed = True  # type: ignore[attr-defined]

@@ -55,6 +55,8 @@ class ExecutionMode:
             has neither.
         replanned: Whether the running job re-plans the stages left from its own segments
             (``flows/replan.py``): a job RubberBand planned.
+        stops_at: The deadline the run stops at (``3m``; ``flows/drive.py``), planned to or
+            not; None: it has none.
     """
 
     limits: str | None
@@ -62,6 +64,7 @@ class ExecutionMode:
     workers: str
     unplanned: str | None = None
     replanned: bool = False
+    stops_at: str | None = None
 
     def __str__(self) -> str:
         planned = f"planned ({self.limits})" if self.limits else "not planned"
@@ -70,6 +73,8 @@ class ExecutionMode:
         parts = [planned, "packed (fluid)" if self.packed else "not packed"]
         if self.limits:
             parts.append("re-planned in flight" if self.replanned else "not re-planned")
+        if self.stops_at:
+            parts.append(f"stops after {self.stops_at}")
         return f"mode: {', '.join(parts)}, workers = {self.workers}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,6 +84,7 @@ class ExecutionMode:
             "unplanned": self.unplanned,
             "packed": self.packed,
             "replanned": self.replanned,
+            "stops_at": self.stops_at,
             "workers": self.workers,
         }
 
@@ -158,7 +164,9 @@ def execution_plan(
     workers = _workers(spec, limits, packer)
     unplanned = _unplanned(spec, plan is not None)
     replanned = report is not None and report.planner == "rubberband"
-    mode = ExecutionMode(limits, packer is not None, workers, unplanned, replanned)
+    deadline = spec.budget.deadline
+    stops_at = None if deadline is None else format_duration(deadline)
+    mode = ExecutionMode(limits, packer is not None, workers, unplanned, replanned, stops_at)
     return ExecutionPlan(plan, admission, mode, report)
 
 

@@ -8,8 +8,10 @@ Example:
     >>> journal.append({"handed_out": [{"trial": 0}]})
     >>> journal.append({"result": {"trial": 0}, "note": None})
     >>> journal.append({"handed_out": [{"trial": 1}]})
-    >>> journal.records(), journal.handed_out()
-    ([{'handed_out': [{'trial': 0}], 'result': {'trial': 0}, 'note': None}], [{'trial': 1}])
+    >>> journal.records()
+    [{'handed_out': [{'trial': 0}], 'result': {'trial': 0}, 'note': None, 'cut': False}]
+    >>> journal.handed_out()
+    [{'trial': 1}]
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import optuna
 
 class Journal(Protocol):
     """Durable, append-only records of a job's events: ``{"handed_out": [segment]}`` when a
-    segment is handed out, ``{"result": ..., "note": ...}`` when its result is recorded.
+    segment is handed out, ``{"result": ..., "note": ...}`` when its result is recorded
+    (with ``"cut": True`` when the job's deadline stopped its segment short).
 
     ``records()`` gives the results, each with the segments handed out before it (since
     the previous result), as :meth:`TuningLoop.replay` takes them.
@@ -72,7 +75,12 @@ class StudyJournal:
             pending += event.get("handed_out", [])
             if "result" in event:
                 results.append(
-                    {"handed_out": pending, "result": event["result"], "note": event.get("note")}
+                    {
+                        "handed_out": pending,
+                        "result": event["result"],
+                        "note": event.get("note"),
+                        "cut": event.get("cut", False),
+                    }
                 )
                 pending = []
         return results, pending

@@ -192,6 +192,26 @@ class TuningLoop:
             self.journal.append({"result": asdict(result), "note": note})
         return decisions
 
+    def cut(self, result: Result, note: dict[str, Any] | None = None) -> list[Decision]:
+        """A segment the job's deadline stopped short (``result`` holds what it trained):
+        its trial is stopped where it got to. The scheduler is not asked, since it judges
+        whole segments only; Optuna learns of it at :meth:`tell_optuna`, as for
+        :meth:`decide`."""
+        result, decisions = self._cut(result)
+        self._untold.append((result, decisions))
+        if self.journal is not None:
+            self.journal.append({"result": asdict(result), "note": note, "cut": True})
+        return decisions
+
+    def _cut(self, result: Result) -> tuple[Result, list[Decision]]:
+        self.running -= 1
+        self._in_flight.pop(result.trial, None)
+        if result.history and math.isfinite(result.loss):  # it trained before the cut
+            self.reached[result.trial] = (result.resource, result.loss)
+        decisions = [Decision(result.trial, Action.STOP, -1)]
+        self.states[result.trial] = Action.STOP
+        return result, decisions
+
     def tell_optuna(self) -> list[Decision]:
         """Write to the study what :meth:`decide` left: intermediate values and trial ends.
         Returns the decisions it wrote, for the executor's own records."""
@@ -202,8 +222,8 @@ class TuningLoop:
         self._untold.clear()
         return told
 
-    def _apply(self, result: Result) -> list[Decision]:
-        result, decisions = self._decide(result)
+    def _apply(self, result: Result, cut: bool = False) -> list[Decision]:
+        result, decisions = self._cut(result) if cut else self._decide(result)
         self._inform(result, decisions)
         return decisions
 
@@ -242,7 +262,7 @@ class TuningLoop:
             for logged in record["handed_out"]:
                 self._hand_out_again(logged)
             result = _result(record["result"])
-            yield result, record.get("note"), self._apply(result)
+            yield result, record.get("note"), self._apply(result, record.get("cut", False))
         for logged in handed_out or ():
             self._hand_out_again(logged)
 
