@@ -207,3 +207,41 @@ def test_a_planned_job_on_warm_nodes_is_replanned_from_its_segments(
     decisions = summary["replanning"]["decisions"]
     assert decisions, err  # at the first stage's first wave and its barrier
     assert not summary["replanning"]["deadline_at_risk"], json.dumps(decisions, indent=1)
+
+
+def test_a_job_on_warm_nodes_stops_at_its_deadline(
+    prefect_api, tmp_path, stores, capsys, monkeypatch
+) -> None:
+    # Segments of 27 epochs of 0.5 s, far past the deadline: the two training stop at their
+    # next epoch on their nodes, and the two queued behind them start after it and train
+    # nothing; every trial ends stopped, nothing is left running on the nodes.
+    monkeypatch.setenv("ELASTUNE_TEST_PIDS", str(tmp_path / "pids.log"))
+    monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.5")
+    monkeypatch.setattr(flows.warm_pool, "_clients", {})
+    job = write_job(
+        tmp_path,
+        trainable="tests.trainables:pid_logged_quadratic",
+        scheduler={"name": "random", "max_resource": 27, "max_trials": 8},
+        budget={"deadline": 6},
+    )
+    with warm_nodes(prefect_api, tmp_path / "cluster", nodes=2, gpus_per_node=1, pool="due"):
+        code = main(["run", job, "--pool", "due", "--json", *stores])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        summary = json.loads(out)
+        ours = segment_runs(summary["job_id"], warm=True)
+        assert sorted(r.state_name for r in ours) == ["Completed"] * 4
+    assert summary["deadline"] == {"seconds": 6.0, "passed": True, "segments_cut": 4}
+    assert summary["trials"] == 4 and summary["wall_seconds"] < 27 * 0.5
+    epochs: dict[int, list[int]] = {}
+    for line in (tmp_path / "pids.log").read_text().splitlines():
+        _, trial, epoch = map(int, line.split())
+        epochs.setdefault(trial, []).append(epoch)
+    assert len(epochs) == 2 and all(1 <= len(e) < 27 for e in epochs.values()), epochs
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("pooled").experiment_id
+    runs = client.search_runs([experiment], "tags.`elastune.trial` != ''")
+    assert (
+        sorted((r.info.status, r.data.tags["elastune.status"]) for r in runs)
+        == [("FINISHED", "stop")] * 4
+    )
