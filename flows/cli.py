@@ -93,7 +93,8 @@ def _print_run(summary: dict[str, Any]) -> None:
         table.add_row(key.replace("_", " "), str(summary[key]))
     deadline = summary.get("deadline")
     if deadline is not None:
-        passed = f"passed, {deadline['segments_cut']} segments cut short"
+        cut = deadline["segments_cut"]
+        passed = f"passed, {cut} segment{'' if cut == 1 else 's'} cut short"
         table.add_row(
             "deadline",
             f"{deadline['seconds']:g} s: " + (passed if deadline["passed"] else "not reached"),

@@ -72,7 +72,8 @@ def test_a_cut_stops_its_trial_where_it_got_to_and_replays_alike() -> None:
     history = ((1.0, -0.5), (2.0, -0.6))
     decisions = loop.cut(Result(first.trial, 2, -0.6, history=history), {"cut": True})
     assert decisions == [Decision(first.trial, Action.STOP, -1)]
-    assert loop.reached[first.trial] == (2, -0.6) and loop.states[first.trial] is Action.STOP
+    # Ranked where its segment began, by its newest value.
+    assert loop.reached[first.trial] == (0, -0.6) and loop.states[first.trial] is Action.STOP
     # Cut before its first step: nothing reached, the trial stopped all the same.
     loop.cut(Result(second.trial, 0, float("inf"), failed=True), {"cut": True})
     assert second.trial not in loop.reached and loop.in_flight() == []
@@ -89,6 +90,20 @@ def test_a_cut_stops_its_trial_where_it_got_to_and_replays_alike() -> None:
         (second.trial, Action.STOP),
     ]
     assert again.reached == loop.reached and again.in_flight() == []
+
+
+def test_a_trial_cut_past_a_rung_ranks_at_that_rung_by_its_newest_value() -> None:
+    spec = parse_job({**JOB, "budget": {}, "scheduler": {"name": "sha", "max_resource": 9}})
+    loop = TuningLoop(spec, optuna.create_study(direction="maximize"))
+    for segment in [loop.next_segment() for _ in range(9)]:  # rung 0: resource 1
+        loop.record(Result(segment.trial, 1, segment.trial / 10))
+    for segment in [loop.next_segment() for _ in range(3)]:  # trials 0-2 to resource 3
+        loop.record(Result(segment.trial, 3, {0: 0.05, 1: 0.3, 2: 0.2}[segment.trial]))
+    top = loop.next_segment()
+    assert (top.trial, top.start, top.stop) == (0, 3, 9)
+    loop.cut(Result(0, 5, 0.25, history=((4.0, 0.1), (5.0, 0.25))))
+    # At resource 5 it would outrank every trial; at its rung (3) trial 2 is better.
+    assert loop.reached[0] == (3, 0.25) and loop.best().trial == 2
 
 
 @pytest.mark.slow

@@ -194,9 +194,9 @@ class TuningLoop:
 
     def cut(self, result: Result, note: dict[str, Any] | None = None) -> list[Decision]:
         """A segment the job's deadline stopped short (``result`` holds what it trained):
-        its trial is stopped where it got to. The scheduler is not asked, since it judges
-        whole segments only; Optuna learns of it at :meth:`tell_optuna`, as for
-        :meth:`decide`."""
+        its trial is stopped where it got to, and ranked at the resource its segment began
+        from. The scheduler is not asked, since it judges whole segments only; Optuna
+        learns of it at :meth:`tell_optuna`, as for :meth:`decide`."""
         result, decisions = self._cut(result)
         self._untold.append((result, decisions))
         if self.journal is not None:
@@ -205,9 +205,13 @@ class TuningLoop:
 
     def _cut(self, result: Result) -> tuple[Result, list[Decision]]:
         self.running -= 1
-        self._in_flight.pop(result.trial, None)
+        segment = self._in_flight.pop(result.trial, None)
         if result.history and math.isfinite(result.loss):  # it trained before the cut
-            self.reached[result.trial] = (result.resource, result.loss)
+            # Ranked where its segment began (the rung it had finished), by its newest
+            # value: a few epochs past a rung do not outrank a trial that finished a higher
+            # one (best(), the leaderboard).
+            start = result.resource if segment is None else segment.start
+            self.reached[result.trial] = (start, result.loss)
         decisions = [Decision(result.trial, Action.STOP, -1)]
         self.states[result.trial] = Action.STOP
         return result, decisions
