@@ -40,6 +40,10 @@ are shielded from it (Prefect's ``shield``, the counterpart of the limit it sets
 first: interrupted inside a database transaction, a write could leave a SQLite store locked
 for every process that shares it.
 
+A job's deadline (``budget.deadline``) ends :meth:`TrialContext.range` at its first step
+past it: what the steps before reported and checkpointed is kept, and the segment ends cut
+short (docs/job-file.md, ``budget``).
+
 Elastic trials: a segment granted ``g > 1`` GPUs runs the trainable on ``g`` data-parallel
 processes when the trainable declares it can (``train.distributed = True``). Each process
 gets its own ``ctx`` with ``rank``, ``world_size`` and ``device``; the trainable wraps its
