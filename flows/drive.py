@@ -150,9 +150,10 @@ def recover(job: Job) -> list[Segment]:
     pending = job.loop.in_flight()
     for segment in list(pending):
         saved = job.runs.saved_report(segment)
-        if saved is not None and not saved.get("cut", False):
+        report = None if saved is None else SegmentReport.from_dict(saved)
+        if report is not None and not report.cut:
             pending.remove(segment)
-            job.record(segment, SegmentReport.from_dict(saved))
+            job.record(segment, report)
     return pending
 
 
@@ -199,9 +200,14 @@ def run_segments(
                 publish_plan(job, held, flight=flight)
                 if sizer is not None and replan.changed:  # the pool follows the new plan
                     sizer.replanned(job.execution)
-        progress.update(f"stage b{segment.bracket}-r{segment.rung}", job.best_metric())
+        progress.update(stage_label(segment), job.best_metric())
         if job.stage_done(segment, decisions):
             stage_done(job, segment, story, sizer, held, flight)
+
+
+def stage_label(segment: Segment) -> str:
+    """How the progress line and the leaderboard name a segment's stage."""
+    return f"stage b{segment.bracket}-r{segment.rung}"
 
 
 def stage_done(
@@ -220,7 +226,7 @@ def stage_done(
     if held is not None:
         held.stage_done(segment.bracket, segment.rung, time.monotonic() - job.began)
         publish_plan(job, held, flight=flight)
-    publish_leaderboard(job, f"stage b{segment.bracket}-r{segment.rung}")
+    publish_leaderboard(job, stage_label(segment))
 
 
 def publish_leaderboard(job: Job, after: str) -> None:

@@ -154,12 +154,7 @@ class Job:
                     f"(it reported: {seen})"
                 )
             error = f"the segment reported no {self.spec.metric!r} (it reported: {seen})"
-        note = {
-            "metrics_seen": list(report.metrics_seen),
-            "error": error,
-            "rung": segment.rung,
-            "bracket": segment.bracket,
-        }
+        note = _note(segment, report, error)
         decisions = self.loop.decide(report.result, note)
         self.tally.count(segment.trial, note, self.spec.metric)
         return decisions
@@ -168,13 +163,7 @@ class Job:
         """A segment the deadline stopped short (``report.cut``): its trial is stopped
         where it got to, journaled and tallied as :meth:`record` does."""
         self.last_report = time.monotonic()
-        note = {
-            "metrics_seen": list(report.metrics_seen),
-            "error": None,
-            "rung": segment.rung,
-            "bracket": segment.bracket,
-            "cut": True,
-        }
+        note = _note(segment, report, None) | {"cut": True}
         decisions = self.loop.cut(report.result, note)
         self.tally.count(segment.trial, note, self.spec.metric)
         return decisions
@@ -213,6 +202,16 @@ class Job:
         self.runs.abort(purge=bad_input)
         if bad_input:
             optuna.delete_study(study_name=self.job_id, storage=self.storage)
+
+
+def _note(segment: Segment, report: SegmentReport, error: str | None) -> dict[str, Any]:
+    """What the journal keeps beside a segment's result, for the tally a resume rebuilds."""
+    return {
+        "metrics_seen": list(report.metrics_seen),
+        "error": error,
+        "rung": segment.rung,
+        "bracket": segment.bracket,
+    }
 
 
 def check_stores(spec: JobSpec) -> None:

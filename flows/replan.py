@@ -27,7 +27,6 @@ where one applies (``plan_job(replanned=True)``, docs/algorithms.md §5.10).
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any
 
@@ -39,6 +38,7 @@ from planners.cost.held import Held
 from planners.cost.job import instance_types, job_profile
 from planners.cost.replan import Decision, Replanner, left_to_run, under_way
 from planners.cost.report import PlanReport, StageAllocation, rows_for
+from planners.cost.sizing import per_node
 from planners.search.schedulers.base import Segment
 from planners.staging.admission import StageSlots
 from planners.staging.plan import allocate, compile_plan
@@ -222,8 +222,8 @@ class InFlight:
         ):
             started = (s for s, _ in self._started.values())
             return allocation, {(*key, s.trial) for s in started if (s.bracket, s.rung) == key}
-        per_node = self.catalog.get(allocation.instance_type).gpus / allocation.gpus_per_trial
-        slots = allocation.instances * math.floor(per_node + 1e-9)
+        instance = self.catalog.get(allocation.instance_type)
+        slots = allocation.instances * per_node(instance, allocation.gpus_per_trial)
         concurrent = min(allocation.trials + len(held.running), slots)
         return dataclasses.replace(allocation, concurrent=concurrent), set()
 

@@ -186,21 +186,27 @@ class TuningLoop:
         the study lacks this result, and a new trial is sampled without it; a driver that
         dies in between loses nothing, the journal has the result and replay tells Optuna.
         """
-        result, decisions = self._decide(result)
-        self._untold.append((result, decisions))
-        if self.journal is not None:
-            self.journal.append({"result": asdict(result), "note": note})
-        return decisions
+        return self._journaled(*self._decide(result), note)
 
     def cut(self, result: Result, note: dict[str, Any] | None = None) -> list[Decision]:
         """A segment the job's deadline stopped short (``result`` holds what it trained):
         its trial is stopped where it got to, and ranked at the resource its segment began
         from. The scheduler is not asked, since it judges whole segments only; Optuna
         learns of it at :meth:`tell_optuna`, as for :meth:`decide`."""
-        result, decisions = self._cut(result)
+        return self._journaled(*self._cut(result), note, cut=True)
+
+    def _journaled(
+        self,
+        result: Result,
+        decisions: list[Decision],
+        note: dict[str, Any] | None,
+        cut: bool = False,
+    ) -> list[Decision]:
+        """``decisions`` kept for :meth:`tell_optuna`, and ``result`` journaled."""
         self._untold.append((result, decisions))
         if self.journal is not None:
-            self.journal.append({"result": asdict(result), "note": note, "cut": True})
+            record = {"result": asdict(result), "note": note}
+            self.journal.append((record | {"cut": True}) if cut else record)
         return decisions
 
     def _cut(self, result: Result) -> tuple[Result, list[Decision]]:
