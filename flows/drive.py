@@ -146,7 +146,8 @@ def describe(job: Job, held: HeldForecast | None = None, wall_seconds: float | N
 def recover(job: Job) -> list[Segment]:
     """The segments a dead driver left in flight that still have to run: those that
     finished meanwhile are recorded from the report they kept in MLflow. One its deadline
-    cut short runs again, from where it stopped: this driver's deadline counts anew."""
+    cut short runs again, from where it stopped, whether the cut was recorded or not: this
+    driver's deadline counts anew."""
     pending = job.loop.in_flight()
     for segment in list(pending):
         saved = job.runs.saved_report(segment)

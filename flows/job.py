@@ -159,14 +159,14 @@ class Job:
         self.tally.count(segment.trial, note, self.spec.metric)
         return decisions
 
-    def cut(self, segment: Segment, report: SegmentReport) -> list[Decision]:
-        """A segment the deadline stopped short (``report.cut``): its trial is stopped
-        where it got to, journaled and tallied as :meth:`record` does."""
+    def cut(self, segment: Segment, report: SegmentReport) -> None:
+        """A segment the deadline stopped short (``report.cut``): its trial is ranked where
+        it got to and stopped at the job's end (``TuningLoop.cut``), journaled and tallied
+        as :meth:`record` does."""
         self.last_report = time.monotonic()
         note = _note(segment, report, None) | {"cut": True}
-        decisions = self.loop.cut(report.result, note)
+        self.loop.cut(report.result, note)
         self.tally.count(segment.trial, note, self.spec.metric)
-        return decisions
 
     def past_deadline(self) -> bool:
         """Has the job's ``budget.deadline`` passed? Then nothing new starts."""

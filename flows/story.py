@@ -75,6 +75,7 @@ class Story:
         self._started: set[tuple[int, int]] = set()  # (bracket, rung) of the stages begun
         self._best: tuple[int, float] | None = None  # (trial, metric) last told
         self._deadline_told = False
+        self._cut: set[int] = set()  # trials told stopped by the deadline
 
     def begin(self, recovered: int) -> None:
         job = self.job
@@ -104,9 +105,11 @@ class Story:
 
     def decided(self, decisions: Sequence[Decision], ended: bool = False) -> None:
         """One line per decision, with the metric it rests on or the failure's reason
-        (``ended``: the job's end settled them); then the best so far, if it changed."""
+        (``ended``: the job's end settled them, those the deadline cut already told); then
+        the best so far, if it changed."""
         for decision in decisions:
-            self.log.info("%s", self._decision(decision, ended))
+            if not (ended and decision.trial in self._cut):
+                self.log.info("%s", self._decision(decision, ended))
         self._best_so_far()
 
     def deadline_passed(self) -> None:
@@ -120,8 +123,10 @@ class Story:
         )  # fmt: skip
 
     def cut(self, segment: Segment, resource: float) -> None:
-        """A segment the deadline stopped short; its trial is stopped where it got to."""
+        """A segment the deadline stopped short; its trial stops where it got to (the job's
+        end stops it: ``TuningLoop.cut``)."""
         self.deadline_passed()  # a segment may see it before the driver does
+        self._cut.add(segment.trial)
         self.log.info(
             "trial %d stopped by the deadline at resource %g (its segment %g → %g)",
             segment.trial, resource, segment.start, segment.stop,

@@ -17,9 +17,10 @@ from flows.cli import _print_run, main
 from flows.compiled import compile_job
 from flows.drive import recover
 from flows.job import Job
+from flows.stored import stored_job
 from planners.search import TuningLoop
 from planners.search.journal import StudyJournal
-from planners.search.schedulers.base import Action, Decision, Result, Segment
+from planners.search.schedulers.base import Action, Result, Segment
 from planners.spec import parse_job
 from tasks.context import TrialContext
 from tasks.tracking import Tracker
@@ -65,31 +66,52 @@ def loop_of(study: optuna.Study, journal: StudyJournal) -> TuningLoop:
     return TuningLoop(spec, study, journal=journal)
 
 
-def test_a_cut_stops_its_trial_where_it_got_to_and_replays_alike() -> None:
+def test_a_cut_ranks_its_trial_where_it_got_to_and_the_end_stops_it() -> None:
     study = optuna.create_study(direction="maximize")
     loop = loop_of(study, StudyJournal(study))
     first, second = loop.next_segment(), loop.next_segment()
     history = ((1.0, -0.5), (2.0, -0.6))
-    decisions = loop.cut(Result(first.trial, 2, -0.6, history=history), {"cut": True})
-    assert decisions == [Decision(first.trial, Action.STOP, -1)]
+    loop.cut(Result(first.trial, 2, -0.6, history=history), {"cut": True})
     # Ranked where its segment began, by its newest value.
-    assert loop.reached[first.trial] == (0, -0.6) and loop.states[first.trial] is Action.STOP
-    # Cut before its first step: nothing reached, the trial stopped all the same.
+    assert loop.reached[first.trial] == (0, -0.6) and first.trial not in loop.states
+    # Cut before its first step: nothing reached.
     loop.cut(Result(second.trial, 0, float("inf"), failed=True), {"cut": True})
-    assert second.trial not in loop.reached and loop.in_flight() == []
+    assert second.trial not in loop.reached and loop.in_flight() == [] and loop.idle
     loop.tell_optuna()
     trials = study.get_trials(deepcopy=False)
-    assert [t.state for t in trials] == [TrialState.PRUNED, TrialState.PRUNED]
+    # Its values in Optuna; the trial open until the job's end, which stops it.
+    assert [t.state for t in trials] == [TrialState.RUNNING, TrialState.RUNNING]
     assert trials[0].intermediate_values == {1: 0.5, 2: 0.6}
     assert loop.best().trial == first.trial and loop.best().metric == pytest.approx(0.6)
-
-    again = loop_of(study, StudyJournal(study))
-    replayed = [d for _, _, ds in again.replay(*again.journal.fold()) for d in ds]
-    assert [(d.trial, d.action) for d in replayed] == [
+    ended = loop.finish()
+    assert sorted((d.trial, d.action) for d in ended) == [
         (first.trial, Action.STOP),
         (second.trial, Action.STOP),
     ]
-    assert again.reached == loop.reached and again.in_flight() == []
+    assert [t.state for t in study.get_trials()] == [TrialState.PRUNED, TrialState.PRUNED]
+
+
+def test_a_replay_runs_the_segments_a_deadline_cut_again() -> None:
+    """A driver that died after recording cuts, before the job's end: its successor's
+    deadline counts anew, so what the old one cut is in flight again, and a synchronous
+    stage waiting on it completes once it has run (not stuck at a barrier for ever)."""
+    spec = parse_job({**JOB, "budget": {}, "scheduler": {"name": "sha", "max_resource": 9}})
+    study = optuna.create_study(direction="maximize")
+    loop = TuningLoop(spec, study, journal=StudyJournal(study))
+    rung0 = [loop.next_segment() for _ in range(9)]  # resource 0 -> 1
+    for segment in rung0[:8]:
+        loop.record(Result(segment.trial, 1, -segment.trial / 10))
+    cut = rung0[8]
+    loop.cut(Result(cut.trial, 0, float("inf"), failed=True), {"cut": True})
+    loop.tell_optuna()
+    assert loop.next_segment() is None  # the stage waits on the trial it never heard of
+
+    again = TuningLoop(spec, study, journal=StudyJournal(study))
+    decided = [result.trial for result, _, _ in again.replay(*again.journal.fold())]
+    assert decided == [s.trial for s in rung0[:8]] and again.in_flight() == [cut]
+    again.record(Result(cut.trial, 1, -0.95))
+    top = [again.next_segment() for _ in range(3)]  # the stage done: its top third goes on
+    assert [(s.trial, s.start, s.stop) for s in top] == [(8, 1, 3), (7, 1, 3), (6, 1, 3)]
 
 
 def test_a_trial_cut_past_a_rung_ranks_at_that_rung_by_its_newest_value() -> None:
@@ -160,8 +182,8 @@ def test_a_run_stops_at_its_deadline_keeping_what_it_trained(
 
 
 def test_a_segment_its_deadline_cut_runs_again_when_its_job_resumes(tmp_path: Path) -> None:
-    """A driver that died after a cut, before recording it: the resumed driver's deadline
-    counts anew, so the segment runs on from its checkpoint instead of being recorded."""
+    """A driver that died after a cut, whether it recorded the cut or not: the resumed
+    driver's deadline counts anew, so the segment runs on from its checkpoint."""
     spec = parse_job(
         {
             **JOB,
@@ -173,16 +195,21 @@ def test_a_segment_its_deadline_cut_runs_again_when_its_job_resumes(tmp_path: Pa
         }
     )
     job = Job.create(compile_job(spec), "deadline-resumed", [])
-    segment = job.loop.next_segment()
+    segment, other = job.loop.next_segment(), job.loop.next_segment()
     run_id = job.trial_run(segment)
     result = Result(segment.trial, 4, -0.5, history=((4.0, -0.5),))
     saved = SegmentReport(result, ("val_accuracy",), cut=True)
     job.runs.tracker.save_report(run_id, report_name(segment), saved.to_dict())
-    assert recover(job) == [segment]  # to run again
+    assert recover(job) == [segment, other]  # unrecorded: to run again
+    job.cut(segment, saved)  # recorded, and the driver dies before the job's end
+    job.flush()
+    stored = stored_job(job.job_id, spec.tracking.optuna_storage)
+    again = Job.resume(compile_job(stored.spec), stored)
+    assert again.tally.segments == 0 and recover(again) == [segment, other]
     result = Result(segment.trial, 27, -0.5, history=((27.0, -0.5),))
     whole = SegmentReport(result, ("val_accuracy",))
-    job.runs.tracker.save_report(run_id, report_name(segment), whole.to_dict())
-    assert recover(job) == [] and job.loop.states[segment.trial] is Action.COMPLETE
+    again.runs.tracker.save_report(run_id, report_name(segment), whole.to_dict())
+    assert recover(again) == [other] and again.loop.states[segment.trial] is Action.COMPLETE
 
 
 @pytest.mark.slow

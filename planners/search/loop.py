@@ -188,12 +188,22 @@ class TuningLoop:
         """
         return self._journaled(*self._decide(result), note)
 
-    def cut(self, result: Result, note: dict[str, Any] | None = None) -> list[Decision]:
+    def cut(self, result: Result, note: dict[str, Any] | None = None) -> None:
         """A segment the job's deadline stopped short (``result`` holds what it trained):
-        its trial is stopped where it got to, and ranked at the resource its segment began
-        from. The scheduler is not asked, since it judges whole segments only; Optuna
-        learns of it at :meth:`tell_optuna`, as for :meth:`decide`."""
-        return self._journaled(*self._cut(result), note, cut=True)
+        its trial is ranked where it got to, at the resource its segment began from, and
+        stopped by the job's end (:meth:`finish`), not now. The scheduler is not asked,
+        since it judges whole segments only; Optuna learns of the values at
+        :meth:`tell_optuna`, as for :meth:`decide`. A replay runs the segment again: a
+        driver that dies before the job's end leaves its resumed successor a deadline of
+        its own, and the trial open in Optuna and MLflow."""
+        self.running -= 1
+        segment = self._in_flight.pop(result.trial)
+        if result.history and math.isfinite(result.loss):  # it trained before the cut
+            # Ranked where its segment began (the rung it had finished), by its newest
+            # value: a few epochs past a rung do not outrank a trial that finished a higher
+            # one (best(), the leaderboard).
+            self.reached[result.trial] = (segment.start, result.loss)
+        self._journaled(result, [], note, cut=True)
 
     def _journaled(
         self,
@@ -209,19 +219,6 @@ class TuningLoop:
             self.journal.append((record | {"cut": True}) if cut else record)
         return decisions
 
-    def _cut(self, result: Result) -> tuple[Result, list[Decision]]:
-        self.running -= 1
-        segment = self._in_flight.pop(result.trial, None)
-        if result.history and math.isfinite(result.loss):  # it trained before the cut
-            # Ranked where its segment began (the rung it had finished), by its newest
-            # value: a few epochs past a rung do not outrank a trial that finished a higher
-            # one (best(), the leaderboard).
-            start = result.resource if segment is None else segment.start
-            self.reached[result.trial] = (start, result.loss)
-        decisions = [Decision(result.trial, Action.STOP, -1)]
-        self.states[result.trial] = Action.STOP
-        return result, decisions
-
     def tell_optuna(self) -> list[Decision]:
         """Write to the study what :meth:`decide` left: intermediate values and trial ends.
         Returns the decisions it wrote, for the executor's own records."""
@@ -232,8 +229,8 @@ class TuningLoop:
         self._untold.clear()
         return told
 
-    def _apply(self, result: Result, cut: bool = False) -> list[Decision]:
-        result, decisions = self._cut(result) if cut else self._decide(result)
+    def _apply(self, result: Result) -> list[Decision]:
+        result, decisions = self._decide(result)
         self._inform(result, decisions)
         return decisions
 
@@ -266,13 +263,16 @@ class TuningLoop:
         """Rebuild the state of a job from its journal, yielding what each record decided.
 
         ``handed_out``: segments journaled after the last result (``StudyJournal.handed_out``);
-        they are handed out again without a result, so :meth:`in_flight` lists them.
+        they are handed out again without a result, so :meth:`in_flight` lists them, as it
+        lists the segments a deadline cut (:meth:`cut`).
         """
         for record in records:
             for logged in record["handed_out"]:
                 self._hand_out_again(logged)
+            if record.get("cut", False):  # in flight again: this driver's deadline is its own
+                continue
             result = _result(record["result"])
-            yield result, record.get("note"), self._apply(result, record.get("cut", False))
+            yield result, record.get("note"), self._apply(result)
         for logged in handed_out or ():
             self._hand_out_again(logged)
 
