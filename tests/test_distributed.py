@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -161,8 +163,10 @@ def test_ranks_end_with_the_process_that_started_them(tmp_path: Path) -> None:
     run's scratch folder."""
     start = "from tasks.distributed import run_distributed; from tests.test_distributed import hang"
     start += f"; run_distributed(hang, 2, args=({str(tmp_path)!r},), backend='gloo', timeout=600)"
-    scratch = tmp_path / "tmp"  # the driver's temporary folders, and so its run's
-    scratch.mkdir()
+    # The driver's temporary folders, and so its run's. Short: the forkserver's socket goes
+    # in there too, and a Unix socket's path may not pass 107 bytes (Python 3.11 does not
+    # fall back). Under xdist, tmp_path passes it once pytest's run count reaches 100.
+    scratch = Path(tempfile.mkdtemp(prefix="elastune-test-"))
     env = {**os.environ, "TMPDIR": str(scratch)}
     driver = subprocess.Popen(
         [sys.executable, "-c", start], cwd=ROOT, env=env, start_new_session=True
@@ -181,6 +185,7 @@ def test_ranks_end_with_the_process_that_started_them(tmp_path: Path) -> None:
         for pid in [driver.pid, *ranks]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.mark.parametrize(
