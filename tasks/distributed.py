@@ -31,6 +31,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import util
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -124,13 +125,14 @@ def run_distributed(
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     device_ids = _device_ids(backend, world_size, devices)
     payload = _payload(fn, args, kwargs)
-    context = mp.get_context("forkserver")
-    # Ranks fork from a server that imported torch (and fn's module, and ``preload``) once:
+    context = mp.get_context(_start_method())
+    # The forkserver's ranks fork from one that imported torch (fn's module, ``preload``) once:
     # about 1 s per run instead of a fresh interpreter importing them per rank. The server
     # never touches CUDA, so each rank still initialises its own device. The list counts
     # when the server first starts (once per process); a module it cannot import is skipped.
     modules = ["torch", "torch.distributed", __name__, getattr(fn, "__module__", __name__)]
-    context.set_forkserver_preload([*dict.fromkeys([*modules, *preload])])
+    if context.get_start_method() == "forkserver":
+        context.set_forkserver_preload([*dict.fromkeys([*modules, *preload])])
     deadline = time.monotonic() + timeout
     with tempfile.TemporaryDirectory(prefix="elastune-dist-") as scratch:
         # A file store, not a TCP port: no port can be taken by someone else meanwhile.
@@ -145,6 +147,15 @@ def run_distributed(
                 if process.is_alive():
                     process.kill()
                     process.join()
+
+
+def _start_method() -> str:
+    """``forkserver``, unless the Unix socket it listens on would not fit a socket's path
+    (104 bytes on macOS, 108 on Linux) in this process's temporary folder, under a long
+    ``TMPDIR``: then ``spawn``, each rank a fresh interpreter. Python 3.11 does not fall
+    back by itself (the forkserver fails with "AF_UNIX path too long")."""
+    listener = os.path.join(util.get_temp_dir(), "listener-12345678")
+    return "forkserver" if len(listener.encode()) < 104 else "spawn"
 
 
 def _payload(

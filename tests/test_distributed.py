@@ -95,6 +95,13 @@ def die_on_rank_one(ctx: DistContext) -> None:
     torch.distributed.barrier()
 
 
+def rank_sum(ctx: DistContext) -> float:
+    """The sum of the ranks, all-reduced: the ranks reached each other."""
+    total = torch.tensor([float(ctx.rank)])
+    torch.distributed.all_reduce(total)
+    return total.item()
+
+
 def hang(ctx: DistContext, noted: str | None = None) -> None:
     """Sleeps ten minutes; with ``noted`` (a folder), its pid written there first."""
     if noted is not None:
@@ -186,6 +193,26 @@ def test_ranks_end_with_the_process_that_started_them(tmp_path: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_a_long_tmpdir_starts_the_ranks_by_spawn(tmp_path: Path) -> None:
+    """A ``TMPDIR`` too long for the forkserver's Unix socket ("AF_UNIX path too long" on
+    Python 3.11): the ranks start as fresh interpreters instead, and the run works."""
+    long = tmp_path / ("t" * 100)
+    long.mkdir()
+    code = "from tasks.distributed import _start_method, run_distributed"
+    code += "; from tests.test_distributed import rank_sum"
+    code += "; print(_start_method(), run_distributed(rank_sum, 2, backend='gloo'))"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(long)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["spawn", "1.0"]
 
 
 @pytest.mark.parametrize(
