@@ -75,7 +75,7 @@ class Story:
         self._started: set[tuple[int, int]] = set()  # (bracket, rung) of the stages begun
         self._best: tuple[int, float] | None = None  # (trial, metric) last told
         self._deadline_told = False
-        self._cut: set[int] = set()  # trials told stopped by the deadline
+        self._cut_trials: set[int] = set()  # trials told stopped by the deadline
 
     def begin(self, recovered: int) -> None:
         job = self.job
@@ -108,7 +108,7 @@ class Story:
         (``ended``: the job's end settled them, those the deadline cut already told); then
         the best so far, if it changed."""
         for decision in decisions:
-            if not (ended and decision.trial in self._cut):
+            if not (ended and decision.trial in self._cut_trials):
                 self.log.info("%s", self._decision(decision, ended))
         self._best_so_far()
 
@@ -126,7 +126,7 @@ class Story:
         """A segment the deadline stopped short; its trial stops where it got to (the job's
         end stops it: ``TuningLoop.cut``)."""
         self.deadline_passed()  # a segment may see it before the driver does
-        self._cut.add(segment.trial)
+        self._cut_trials.add(segment.trial)
         self.log.info(
             "trial %d stopped by the deadline at resource %g (its segment %g → %g)",
             segment.trial, resource, segment.start, segment.stop,
