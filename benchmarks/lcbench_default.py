@@ -52,9 +52,16 @@ on HELD-OUT (the other 12, used for nothing else).
     python benchmarks/lcbench_default.py --tasks tuning   # where the defaults were chosen
     python benchmarks/lcbench_default.py --tasks evaluation --seeds 15 --methods ASHA Opt ela
     python benchmarks/lcbench_default.py --tasks evaluation tuning --ablations
+    python benchmarks/lcbench_default.py --surrogate --workers 4 --seeds 20 --methods elastune
+
+``--surrogate`` proposes configurations from the whole space (what a real job's sampler
+does) and evaluates YAHPO's surrogate on them, instead of drawing the table's rows; the
+targets and oracle stay the table's. ``--workers N`` runs N workers for ``32 / N`` times the
+budget, the protocol's compute.
 
 Results go to ``benchmarks/results/lcbench_default.json`` / ``.png`` (other task sets or
-seed counts add a suffix: ``lcbench_default_tuning.json``, ``..._15seeds.json``).
+seed counts, ``--surrogate`` and ``--workers`` add a suffix: ``lcbench_default_tuning.json``,
+``..._seeds5-19.json``, ``..._surrogate_workers4.json``).
 """
 
 from __future__ import annotations
@@ -84,14 +91,14 @@ from schedulers import _optuna_sha, _sha  # noqa: E402  (benchmarks/schedulers.p
 from benchmarks.baselines import StoppingAsha  # noqa: E402
 from planners.search import Scheduler  # noqa: E402
 from planners.sim import LCBenchTable, simulate  # noqa: E402
-from planners.sim.lcbench import tasks  # noqa: E402
+from planners.sim.lcbench import LCBenchSurrogate, tasks  # noqa: E402
 from planners.spec import JobSpec, parse_job  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 JOB = ROOT / "examples" / "lcbench.yaml"
 WORKERS, SEEDS = 32, 5
 TABLE_SIZE, EPOCHS = 1000, 52
-BUDGET = 3.0  # in units of the task's median 52-epoch time
+BUDGET = 3.0  # in units of the task's median 52-epoch time, at WORKERS workers
 TARGET, EARLY = 0.99, 0.97
 
 EVALUATION = list(tasks()[:10])
@@ -156,7 +163,12 @@ MAIN = [m for m in METHODS if m not in ABLATIONS]
 METHODS_ASHA = "ASHA, promotion rule of the paper"
 
 
-def task_facts(table: LCBenchTable) -> dict[str, float]:
+def budget(workers: int) -> float:
+    """The budget at ``workers`` workers: the protocol's compute, ``BUDGET`` at 32."""
+    return BUDGET * WORKERS / workers
+
+
+def task_facts(table: LCBenchTable, workers: int = WORKERS) -> dict[str, float]:
     final = table.values[:, -1]
     best = int(np.argmax(final))
     median = float(np.median(table.seconds[:, -1]))
@@ -164,20 +176,22 @@ def task_facts(table: LCBenchTable) -> dict[str, float]:
         "best": float(final[best]),
         "oracle_seconds": float(table.seconds[best, -1]),
         "median_full_seconds": median,
-        "budget_seconds": BUDGET * median,
+        "budget_seconds": budget(workers) * median,
     }
 
 
-def run_one(task: str, method: str, seed: int) -> dict[str, Any]:
+def run_one(task: str, method: str, seed: int, workers: int, surrogate: bool) -> dict[str, Any]:
+    """One simulated run; ``surrogate``: configurations from the whole space, on YAHPO's
+    surrogate, instead of the table's rows (the targets stay the table's)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     table = LCBenchTable(task)
-    facts = task_facts(table)
+    facts = task_facts(table, workers)
     scheduler, sampler, factory = METHODS[method]
     spec = job(scheduler, sampler)
     run = simulate(
         spec,
-        table,
-        WORKERS,
+        LCBenchSurrogate(task) if surrogate else table,
+        workers,
         seed,
         deadline=facts["budget_seconds"],
         scheduler=None if factory is None else factory(seed),
@@ -186,7 +200,7 @@ def run_one(task: str, method: str, seed: int) -> dict[str, Any]:
     early = run.time_to(EARLY * facts["best"])
     early_trained = run.time_to(EARLY * facts["best"], trained=True)  # see the docstring
     best = run.best_at(facts["budget_seconds"])
-    grid = np.linspace(0, BUDGET, 61) * facts["median_full_seconds"]
+    grid = np.linspace(0, facts["budget_seconds"], 61)
     return {
         "task": task,
         "method": method,
@@ -254,10 +268,10 @@ def verdict(summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def table_text(summary: dict[str, Any], label: str, seeds: int, quote: bool) -> str:
+def table_text(summary: dict[str, Any], label: str, seeds: int, workers: int, quote: bool) -> str:
     """The issue's table with our rows; ``quote`` adds the issue's own figures (its tasks)."""
     lines = [
-        f"\n{label}: medians over tasks of medians over {seeds} seeds, {WORKERS} workers",
+        f"\n{label}: medians over tasks of medians over {seeds} seeds, {workers} workers",
         "| method | runs reaching 99% by the budget | best at budget, % of task best "
         "| time to 97% / oracle | same, fully trained trials only |"
         + (" issue 8 quoted |" if quote else ""),
@@ -280,7 +294,12 @@ def table_text(summary: dict[str, Any], label: str, seeds: int, quote: bool) -> 
 
 
 def plot(
-    runs: list[dict[str, Any]], chosen: list[str], facts: dict, seeds: int, path: Path
+    runs: list[dict[str, Any]],
+    chosen: list[str],
+    facts: dict,
+    seeds: int,
+    workers: int,
+    path: Path,
 ) -> None:
     import matplotlib
 
@@ -290,7 +309,7 @@ def plot(
     columns = 5
     rows = math.ceil(len(chosen) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.4 * columns, 3.6 * rows), sharex=True)
-    grid = np.linspace(0, BUDGET, 61)
+    grid = np.linspace(0, budget(workers), 61)
     for ax, task in zip(axes.flat, chosen, strict=False):
         for method in METHODS:
             curves = [r["curve"] for r in runs if r["task"] == task and r["method"] == method]
@@ -313,7 +332,8 @@ def plot(
     for ax in axes[:, 0]:
         ax.set_ylabel("best val_accuracy, % of task best")
     axes.flat[0].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"Anytime curves to the budget (3x), median of {seeds} seeds, {WORKERS} workers")
+    title = f"Anytime curves to the budget ({budget(workers):g}x), median of {seeds} seeds"
+    fig.suptitle(f"{title}, {workers} workers")
     fig.tight_layout()
     fig.savefig(path, dpi=70)
 
@@ -330,26 +350,33 @@ def main() -> None:
     parser.add_argument(
         "--ablations", action="store_true", help="ASHA and bloom with and without mf-tpe"
     )
+    parser.add_argument("--workers", type=int, default=WORKERS, help="virtual workers")
+    parser.add_argument(
+        "--surrogate",
+        action="store_true",
+        help="configurations from the whole space, on the surrogate, not the table's rows",
+    )
     parser.add_argument("--processes", type=int, default=2)
     args = parser.parse_args()
     offered = [METHODS_ASHA, *ABLATIONS, DEFAULT] if args.ablations else MAIN
     methods = [m for m in offered if not args.methods or any(m.startswith(p) for p in args.methods)]
     sets = {name: TASK_SETS[name] for name in args.tasks}
     chosen = [t for names in sets.values() for t in names]
-    facts = {task: task_facts(LCBenchTable(task)) for task in chosen}
+    facts = {task: task_facts(LCBenchTable(task), args.workers) for task in chosen}
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    jobs = [(t, m, s) for t in chosen for m in methods for s in seeds]
+    jobs = [(t, m, s, args.workers, args.surrogate) for t in chosen for m in methods for s in seeds]
     started = time.perf_counter()
     with ProcessPoolExecutor(args.processes) as pool:
         runs = list(pool.map(run_one, *zip(*jobs, strict=True), chunksize=2))
     wall = time.perf_counter() - started
     payload: dict[str, Any] = {
         "protocol": {
-            "workers": WORKERS,
+            "workers": args.workers,
+            "configurations": "the surrogate's whole space" if args.surrogate else "table rows",
             "seeds": list(seeds),
             "target": f"{TARGET} x best val_accuracy of the 1000 table configs at epoch 52",
             "early_target": f"{EARLY} x that best",
-            "budget": f"{BUDGET} x median 52-epoch time (every run stops there)",
+            "budget": f"{budget(args.workers)} x median 52-epoch time (every run stops there)",
             "task_sets": sets,
             "tuning_tasks": TUNING,
             "goals": GOALS,
@@ -362,7 +389,7 @@ def main() -> None:
         mine = [r for r in runs if r["task"] in names]
         summary = summarise(mine, names)
         title = f"{label} ({len(names)} tasks)"
-        print(table_text(summary, title, args.seeds, quote=label == "evaluation"))
+        print(table_text(summary, title, args.seeds, args.workers, quote=label == "evaluation"))
         payload["results"][label] = {"summary": summary, "verdict": verdict(summary)}
         if payload["results"][label]["verdict"]:
             print(f"verdict: {payload['results'][label]['verdict']}")
@@ -373,9 +400,13 @@ def main() -> None:
     )
     if args.ablations:
         name += "_ablations"
+    if args.surrogate:
+        name += "_surrogate"
+    if args.workers != WORKERS:
+        name += f"_workers{args.workers}"
     if args.seeds != SEEDS or args.first_seed:
         name += f"_seeds{args.first_seed}-{args.first_seed + args.seeds - 1}"
-    plot(runs, chosen, facts, args.seeds, RESULTS / f"{name}.png")
+    plot(runs, chosen, facts, args.seeds, args.workers, RESULTS / f"{name}.png")
     for run in runs:
         del run["curve"]
     payload["runs"] = runs
