@@ -9,13 +9,14 @@ higher rung ranks above every trial stopped below it, and trials that reached th
 rung rank by their value there. Only rungs that hold at least ``min_points`` results
 count, so one early arrival at a high rung is not over-read. The top ``gamma`` of that
 ranking is the "good" set, the rest the "bad" set; each gets a Parzen density (product
-kernels: Gaussian over numbers in the unit cube, log scale where the space says so;
-Aitchison-Aitken over choices; a uniform prior component), and the sampler proposes the
-configuration that maximises ``l(x) / g(x)``, TPE's acquisition (Bergstra et al. 2011;
-the ladder ranking is how Optuna's TPE already orders pruned trials, and BOHB's rule of
-fitting the highest fidelity with enough points is its special case with one rung). A
-share ``random_fraction`` of proposals is drawn at random, so the model never stops
-seeing unexplored regions (BOHB keeps a third).
+kernels: Gaussian over numbers in the unit cube, log scale where the space says so, no
+narrower than TPE's "magic clip" on a whole space; Aitchison-Aitken over choices; a uniform
+prior component), and the sampler proposes the configuration that maximises
+``l(x) / g(x)``, TPE's acquisition (Bergstra et al. 2011; the ladder ranking is how Optuna's
+TPE already orders pruned trials, and BOHB's rule of fitting the highest fidelity with
+enough points is its special case with one rung). A share ``random_fraction`` of proposals
+is drawn at random, so the model never stops seeing unexplored regions (BOHB keeps a
+third).
 
 Where candidates come from:
 
@@ -66,6 +67,14 @@ from optuna.trial import FrozenTrial, TrialState
 MIN_BANDWIDTH, MAX_BANDWIDTH = 0.03, 0.5
 
 
+def magic_clip(n: int) -> float:
+    """TPE's "magic clip" (Bergstra et al. 2011, Optuna's ``consider_magic_clip``): the
+    narrowest kernel of a density of ``n`` points, ``1 / (n + 2)`` of each range, but not
+    below :data:`MIN_BANDWIDTH`. Two near-identical good configurations then still reach a
+    quarter of each range around them."""
+    return max(MIN_BANDWIDTH, 1.0 / min(100.0, n + 2.0))
+
+
 def to_unit(distribution: BaseDistribution, value: Any) -> float:
     """A parameter value as a coordinate in [0, 1] (log scale where the space has one)."""
     if isinstance(distribution, CategoricalDistribution):
@@ -99,16 +108,20 @@ def from_unit(distribution: BaseDistribution, u: float) -> Any:
 
 class _Parzen:
     """A Parzen density over the unit cube plus categorical dimensions, with a uniform
-    prior component of weight one (as in TPE), evaluated in batches."""
+    prior component of weight one (as in TPE), evaluated in batches; ``clip``: the
+    narrowest kernel follows :func:`magic_clip`, else :data:`MIN_BANDWIDTH`."""
 
-    def __init__(self, points: np.ndarray, categorical: list[int | None], bandwidth: float):
+    def __init__(
+        self, points: np.ndarray, categorical: list[int | None], bandwidth: float, clip: bool
+    ):
         n, d = points.shape
         self.points, self.n = points, n
         self.numeric = [i for i, k in enumerate(categorical) if k is None]
         self.choices = {i: k for i, k in enumerate(categorical) if k is not None}
         shrink = n ** (-1.0 / (d + 4))  # Scott's rule
         spread = points[:, self.numeric].std(axis=0) if n > 1 else np.full(len(self.numeric), 0.3)
-        self.h = np.clip(bandwidth * spread * shrink, MIN_BANDWIDTH, MAX_BANDWIDTH)
+        floor = magic_clip(n) if clip else MIN_BANDWIDTH
+        self.h = np.clip(bandwidth * spread * shrink, floor, MAX_BANDWIDTH)
         # Aitchison-Aitken: weight on the observed choice, the rest spread evenly; the
         # smoothing shrinks as points accumulate, at the same rate as the bandwidths.
         self.keep = {i: 1.0 - (k - 1) / k * min(1.0, shrink) for i, k in self.choices.items()}
@@ -266,8 +279,14 @@ class MultiFidelityTpeSampler(optuna.samplers.BaseSampler):
             len(d.choices) if isinstance(d, CategoricalDistribution) else None
             for d in space.values()
         ]
-        l_x = _Parzen(good, categorical, self.bandwidth)
-        g_x = _Parzen(bad, categorical, self.bandwidth)
+        # Candidates drawn from l(x) go only as far as its kernels reach: on a whole space
+        # the magic clip keeps them from cloning the good set (a real job's proposals had
+        # collapsed onto its first good trial). A finite list scores every untried row and
+        # keeps the 0.03 floor: the clip, tried there, cost runs at 32 workers
+        # (docs/algorithms.md §10.2).
+        clip = self.candidates is None
+        l_x = _Parzen(good, categorical, self.bandwidth, clip)
+        g_x = _Parzen(bad, categorical, self.bandwidth, clip)
         if self.candidates is None:
             x = l_x.draw(self._rng, self.n_candidates)
             best = x[int(np.argmax(l_x.log_pdf(x) - g_x.log_pdf(x)))]
