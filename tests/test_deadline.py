@@ -219,7 +219,9 @@ def test_data_parallel_ranks_stop_at_the_same_step(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path}/mlflow.db"
     job = JobRef(
         "job", "tests.trainables:slow_wide_quadratic", "val_accuracy", "max", 100, store,
-        "deadline", deadline_at=time.time() + 10,  # the ranks start in about 4 s
+        # The ranks start in about 4 s on a quiet machine, past 10 s under a loaded CI run;
+        # at 0.5 s an epoch the 100 take 50 s, so the deadline still cuts them.
+        "deadline", deadline_at=time.time() + 25,
         segment_timeout=120,  # ranks that disagree hang: a failed segment, not a hung test
     )  # fmt: skip
     tracker = Tracker(job.mlflow_uri, job.experiment)
