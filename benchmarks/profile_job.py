@@ -2,14 +2,16 @@
 
 Runs ``python -m flows.cli run`` on ``benchmarks/useful_work.py``'s job (bloom + mf-tpe, two
 workers, fresh stores, a migrated Prefect home) for ``--seconds``, in a process that also
-runs a sampling profiler, then kills it. The profiler wakes every 5 ms and charges each
-thread's CPU time since the last wake (``time.pthread_getcpuclockid``) to the stack that
-thread is in, so it sees every thread (training threads, the driver, Prefect's) and counts
-CPU, not waiting. Stacks are summed into parts (the training epochs, ``ctx``'s
-bookkeeping, the driver's steps, Prefect, imports). Beside it, wall-clock timers around
-the driver's and the segment's steps give the seconds per call, Python's garbage collections
-are counted and timed by generation (each stops every thread of the process), and the
-Prefect server's CPU is read from ``/proc``.
+runs a sampling profiler, then kills it. The driver and each of its worker processes
+(tasks/workers.py: forks of the command, which inherit the profiler) run a sampler that
+wakes every 5 ms and charges each thread's CPU time since the last wake
+(``time.pthread_getcpuclockid``) to the stack that thread is in, so it sees every thread
+(training, the driver, Prefect's) and counts CPU, not waiting. Stacks are summed into parts
+(the training epochs, ``ctx``'s bookkeeping, the driver's steps, Prefect, imports), over
+the driver and its workers. Beside it, wall-clock timers around the driver's and the
+segment's steps give the seconds per call, Python's garbage collections are counted and
+timed by generation (each stops every thread of its process), and the Prefect server's CPU
+is read from ``/proc``.
 
     python benchmarks/profile_job.py [--seconds 60]
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import gc
 import json
 import os
@@ -49,6 +52,7 @@ PARTS = [
     ("driver: hand out segments (sampler, journal)", "flows/drive.py:admit"),
     ("driver: start a segment (MLflow run)", "flows/drive.py:start"),
     ("driver: create the job", "flows/job.py:create"),
+    ("workers: take a segment, send its report", "tasks/workers.py:"),
     ("driver: other", "flows/"),
     ("Prefect (engine, client, events, logs)", "prefect/"),
 ]
@@ -84,11 +88,18 @@ def frames_of(frame: Any) -> tuple[str, ...]:
 
 
 def profile_this_process(out: Path) -> None:
-    """Sample every thread's CPU by stack, time the steps, and dump both on SIGUSR1."""
+    """Time the steps and count the collections here and in every worker; sample every
+    thread's CPU by stack in the driver once it has forked its workers' server (it forks
+    only while it runs one thread) and in each worker as it starts. On SIGUSR1 each process
+    dumps its figures to ``out``'s folder, as ``profile-PID.json``."""
     import importlib
+
+    import tasks.workers
 
     cpu: collections.Counter[str] = collections.Counter()
     walls: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    collected: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    began = [0.0]
 
     def sample() -> None:
         me, last = threading.get_ident(), {}
@@ -107,18 +118,16 @@ def profile_this_process(out: Path) -> None:
                     cpu[part(frames_of(frame))] += spent
 
     def timed(function: Callable[..., Any], label: str) -> Callable[..., Any]:
+        @functools.wraps(function)  # pickled by its name, as the driver sends run_segment
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            began = time.perf_counter()
+            begun = time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
                 walls[label][0] += 1
-                walls[label][1] += time.perf_counter() - began
+                walls[label][1] += time.perf_counter() - begun
 
         return wrapper
-
-    collected: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
-    began = [0.0]
 
     def collection(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -127,6 +136,15 @@ def profile_this_process(out: Path) -> None:
         took, seen = time.perf_counter() - began[0], collected[info["generation"]]
         seen[0], seen[1], seen[2] = seen[0] + 1, seen[1] + took, max(seen[2], took)
 
+    def dump(*_: Any) -> None:
+        gcs = {str(g): [n, s, most] for g, (n, s, most) in collected.items()}
+        data = {"cpu_by_part": dict(cpu), "steps": dict(walls), "collections": gcs}
+        out.with_name(f"profile-{os.getpid()}.json").write_text(json.dumps(data))
+
+    def start_sampling() -> None:
+        signal.signal(signal.SIGUSR1, dump)
+        threading.Thread(target=sample, daemon=True).start()
+
     gc.callbacks.append(collection)
     gc.disable()  # these imports are the command's own, which starts without collections
     for module_name, owner_name, name in TIMED:
@@ -134,24 +152,50 @@ def profile_this_process(out: Path) -> None:
         owner = module if owner_name is None else getattr(module, owner_name)
         setattr(owner, name, timed(getattr(owner, name), f"{owner_name or module_name}.{name}"))
     gc.enable()
+    fork_server_here, serve = tasks.workers.fork_server_here, tasks.workers._serve
 
-    def dump(*_: Any) -> None:
-        calls = {
-            k: {"calls": n, "ms_per_call": round(1000 * s / n, 1)} for k, (n, s) in walls.items()
-        }
-        gcs = {
-            str(g): {"count": n, "seconds": round(s, 3), "longest_ms": round(1000 * most, 1)}
-            for g, (n, s, most) in sorted(collected.items())
-        }
-        data = {"cpu_by_part": dict(cpu), "process_cpu": time.process_time(), "steps": calls}
-        out.write_text(json.dumps({**data, "collections": gcs}))
+    def forked() -> bool:
+        made = fork_server_here()
+        start_sampling()
+        return made
 
-    signal.signal(signal.SIGUSR1, dump)
-    threading.Thread(target=sample, daemon=True).start()
+    def worker(*args: Any) -> int:
+        cpu.clear()  # what the driver counted before the fork is the driver's
+        walls.clear()
+        collected.clear()
+        start_sampling()
+        return serve(*args)
+
+    tasks.workers.fork_server_here = forked
+    tasks.workers._serve = worker
+
+
+def merged(dumps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The driver's and the workers' figures added up."""
+    cpu: collections.Counter[str] = collections.Counter()
+    steps: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    gcs: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for data in dumps:
+        cpu.update(data["cpu_by_part"])
+        for label, (n, seconds) in data["steps"].items():
+            steps[label] = [steps[label][0] + n, steps[label][1] + seconds]
+        for g, (n, seconds, most) in data["collections"].items():
+            seen = gcs[g]
+            gcs[g] = [seen[0] + n, seen[1] + seconds, max(seen[2], most)]
+    return {
+        "cpu_by_part": dict(cpu),
+        "steps": {
+            k: {"calls": n, "ms_per_call": round(1000 * s / n, 1)} for k, (n, s) in steps.items()
+        },
+        "collections": {
+            g: {"count": n, "seconds": round(s, 3), "longest_ms": round(1000 * most, 1)}
+            for g, (n, s, most) in sorted(gcs.items())
+        },
+    }
 
 
 def run(seconds: float) -> dict[str, Any]:
-    from benchmarks.useful_work import LOG, Watch, job_file, prepare_prefect
+    from benchmarks.useful_work import LOG, Watch, job_file, label, prepare, processes
 
     with tempfile.TemporaryDirectory(prefix="profile-job-") as tmp:
         folder = Path(tmp)
@@ -160,7 +204,7 @@ def run(seconds: float) -> dict[str, Any]:
         # What flows/cli.py sets, set before the profiler imports Prefect and MLflow.
         env.update(PREFECT_LOGGING_LEVEL="WARNING", PREFECT_SERVER_ANALYTICS_ENABLED="false")
         env.update(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
-        prepare_prefect(folder)
+        prepare(folder)
         out = folder / "profile.json"
         command = [sys.executable, __file__, "--child", str(out), str(job_file(folder, 0, 2))]
         began = time.time()
@@ -170,13 +214,20 @@ def run(seconds: float) -> dict[str, Any]:
             watch.sample()
             time.sleep(0.25)
         watch.sample()
-        child.send_signal(signal.SIGUSR1)
-        while not out.exists():
+        # The driver, and its workers: the children of its fork server, its own fork.
+        parents = {pid: parent for pid, (parent, _) in processes().items()}
+        forks = {p for p, parent in parents.items() if label(p, child.pid) == "workers"}
+        servers = {p for p in forks if parents[p] == child.pid}
+        profiled = [child.pid, *(p for p in forks if parents[p] in servers)]
+        for pid in profiled:
+            os.kill(pid, signal.SIGUSR1)
+        files = [folder / f"profile-{pid}.json" for pid in profiled]
+        while not all(f.exists() for f in files):
             time.sleep(0.1)
-        time.sleep(0.5)  # the dump is one write; let it finish
+        time.sleep(0.5)  # each dump is one write; let it finish
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
-        data = json.loads(out.read_text())
+        data = merged([json.loads(f.read_text()) for f in files])
         log = folder / "e"
         epochs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     total = sum(data["cpu_by_part"].values())
@@ -185,11 +236,11 @@ def run(seconds: float) -> dict[str, Any]:
         "epochs": len(epochs),
         "first_epoch_s": round(epochs[0]["t"] - began, 1) if epochs else None,
         "cpu_seconds_by_process": watch.by_label(),
-        "driver_cpu_share_by_part": {
+        "cpu_share_by_part": {
             k: round(v / total, 3)
             for k, v in sorted(data["cpu_by_part"].items(), key=lambda x: -x[1])
         },
-        "driver_cpu_seconds_sampled": round(total, 1),
+        "cpu_seconds_sampled": round(total, 1),
         "steps": data["steps"],
         "collections_by_generation": data["collections"],
     }
@@ -208,7 +259,7 @@ def main() -> int:
     result = run(args.seconds)
     print(f"{result['epochs']} epochs in {args.seconds:g} s, first at {result['first_epoch_s']} s")
     print(f"CPU seconds by process: {result['cpu_seconds_by_process']}")
-    for name, share in result["driver_cpu_share_by_part"].items():
+    for name, share in result["cpu_share_by_part"].items():
         print(f"  {name:<48}{share:>7.1%}")
     for name, step in sorted(result["steps"].items()):
         print(f"  {name:<32}{step['calls']:>6} calls {step['ms_per_call']:>9.1f} ms each")

@@ -26,7 +26,8 @@ Printed per seed and as medians:
   ``cores // W`` threads per worker (``flows/drive.py`` does so for elastune); with one,
   the training thread's CPU time is all of the epoch's compute.
 
-The CPU of the elastune command is also split by process (the driver, Prefect's server).
+The CPU of the elastune command is also split by process (the driver, its worker processes,
+Prefect's server).
 
     python benchmarks/useful_work.py            # 3 seeds, 180 s, 2 workers (about 20 min)
     python benchmarks/useful_work.py --quick    # 1 seed, 45 s
@@ -226,10 +227,13 @@ def label(pid: int, root: int) -> str:
     if pid == root:
         return "command"
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        command = Path(f"/proc/{root}/cmdline").read_bytes()
     except OSError:
         return "other"
-    text = b" ".join(argv).decode(errors="replace")
+    if argv == command:  # forks of the command: its fork server and workers
+        return "workers"
+    text = argv.replace(b"\0", b" ").decode(errors="replace")
     return "prefect server" if "uvicorn" in text or "server" in text else "other"
 
 
@@ -250,7 +254,7 @@ class Watch:
         for pid in tree & table.keys():
             self.cpu[pid] = table[pid][1]
             # Seen between fork and exec, a child still shows its parent's command line.
-            if self.labels.get(pid, "other") == "other":
+            if self.labels.get(pid, "other") in ("other", "workers"):
                 self.labels[pid] = label(pid, self.root)
 
     def by_label(self) -> dict[str, float]:

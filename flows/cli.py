@@ -51,6 +51,9 @@ def _quiet_defaults() -> None:
     )
     # The local server migrates a fresh database first: 20 s is too little on a busy laptop.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # torch asks NVML whether there is a GPU, not CUDA itself: the command stays fit to
+    # fork its workers' server even when a trainable asks at import (tasks/workers.py).
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     # Checkpoint downloads would each draw a progress bar over ours.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
@@ -120,7 +123,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"job {job_id}", file=sys.stderr, flush=True)
         server_ready()
         started()
+        _fork_server(spec)
         return _finish(job_id, lambda: tune_spec(spec, job_id), args.json)
+
+
+def _fork_server(spec: JobSpec) -> None:
+    """A local job's workers fork from this process, its imports done, the trainable's
+    among them (tasks/workers.py)."""
+    if spec.compute.pool == "local":
+        from tasks.trainable import load_trainable
+        from tasks.workers import fork_server_here
+
+        load_trainable(spec.trainable)
+        fork_server_here()
 
 
 def _quiet_optuna() -> None:
@@ -165,6 +180,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         print(f"job {args.job_id}", file=sys.stderr, flush=True)
         server_ready()
         started()
+        _fork_server(stored.spec)
         return _finish(args.job_id, lambda: resume(args.job_id, args.storage), args.json)
 
 

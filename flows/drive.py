@@ -18,7 +18,6 @@ import contextlib
 import re
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -44,32 +43,11 @@ def artifact_key(job_id: str, what: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"{job_id}-{what}".lower())
 
 
-# The longest a thread that wants the interpreter lock waits while another runs Python
-# (Python's default: 5 ms). A local segment's thread wants it back after every torch call,
-# while the driver's steps and the other segments' Python hold it: 0.5 ms let its epochs
-# run 84% of their wall time on the CPU instead of 75% (docs/benchmarks.md, "Inside the
-# segments").
-LOCAL_SWITCH_SECONDS = 0.0005
-
-
-@contextlib.contextmanager
-def local_switch_interval() -> Iterator[None]:
-    """:data:`LOCAL_SWITCH_SECONDS` while a local job's segments train; then as before."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(LOCAL_SWITCH_SECONDS)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
-
-
 def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
     """Run a job's segments until its scheduler has nothing left, or its deadline has
     passed and nothing runs; returns the summary."""
     spec, execution = job.spec, job.execution
     print(execution.mode, file=sys.stderr, flush=True)
-    # Threads share the cores: give each worker its slice instead of oversubscribing.
-    torch.set_num_threads(max(1, torch.get_num_threads() // spec.compute.workers))
     report = execution.report
     held = None if report is None else HeldForecast(report.forecast())
     flight = InFlight.of(job)
@@ -77,16 +55,19 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
     story = Story(job)
     pending = recover(job)
     story.begin(len(pending))
-    launcher = Launcher(job.ref, pool, job.compiled.devices)
+    # The local workers share the cores: each gets its slice instead of oversubscribing.
+    threads = max(1, torch.get_num_threads() // spec.compute.workers)
+    launcher = Launcher(job.ref, pool, job.compiled.devices, threads)
     sizer = None if pool is None else PoolSizer(pool.backend, execution, spec.scheduler.name)
     with launcher.signals:  # a stop waits for the store writes under way (flows/signals.py)
         try:
             total = None if execution.plan is None else execution.plan.segments
             with (
-                pool.backend if pool is not None else local_switch_interval(),
+                pool.backend if pool is not None else contextlib.nullcontext(),
                 JobProgress(spec.metric, total) as progress,
             ):
                 run_segments(job, launcher, sizer, pending, progress, story, held, flight)
+            launcher.close()  # what the workers hold (memory, a GPU) is free for the end
             summary = finish(job, story, held)
             if summary.get("deadline", {}).get("passed"):  # where the deadline left each trial
                 publish_leaderboard(job, "the deadline")
@@ -101,6 +82,7 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
             job.abort(bad_input=isinstance(exc, SpecError))
             raise
         finally:
+            launcher.close()
             if pool is not None:
                 story.sized([r for r in pool.backend.records if r.stage == RELEASE_STAGE])
                 publish_sizing(pool.backend.records, key=artifact_key(job.job_id, "pool-sizing"))

@@ -1,7 +1,8 @@
-"""A job's segments in flight: each a Prefect task run, training in the driver's process
-(the local pool) or on a work pool's workers (flows/pools.py, flows/warm_pool.py), and
-collected in the order they finish (each future's done callback queues it). Waiting for
-the next one is where the driver takes SIGTERM and SIGINT (flows/signals.py).
+"""A job's segments in flight: each a Prefect task run, training in a worker process of
+the driver's (the local pool, tasks/workers.py) or on a work pool's workers
+(flows/pools.py, flows/warm_pool.py), and collected in the order they finish (each
+future's done callback queues it). Waiting for the next one is where the driver takes
+SIGTERM and SIGINT (flows/signals.py).
 
 A segment that fails to produce a report (its worker was lost on every retry, it ran
 over ``compute.segment_timeout``: tasks/train.py, or anything else raised) comes back as a
@@ -23,6 +24,7 @@ from planners.search.schedulers.base import Segment
 from planners.spec import SpecError
 from planners.staging.devices import LocalDevices
 from tasks.train import JobRef, SegmentReport, release_devices, train_segment
+from tasks.workers import LocalWorkers
 
 
 class Launcher:
@@ -30,14 +32,16 @@ class Launcher:
 
     Args:
         job: What each segment needs to know about its job (its ``segment_timeout`` too).
-        pool: The work pool segments go to; None: the local pool (this process).
+        pool: The work pool segments go to; None: the local pool (this process's workers).
         devices: CUDA devices of this machine that local segments share out (None on CPU
             or on a work pool).
+        threads: torch's threads in each local worker.
     """
 
-    def __init__(self, job: JobRef, pool: PoolTarget | None, devices: int | None):
+    def __init__(self, job: JobRef, pool: PoolTarget | None, devices: int | None, threads: int = 1):
         self.ref = job
         self.pool = pool
+        self.workers = None if pool is not None else LocalWorkers(threads)
         # Which of the devices each running trial holds (local jobs with CUDA only).
         self.assigned = None if pool is not None or devices is None else LocalDevices(devices)
         # A trainable left running past its segment frees its devices from its own thread.
@@ -61,7 +65,7 @@ class Launcher:
             if self.assigned is not None:
                 with self._assigning:
                     ids = self.assigned.take(segment.trial, segment.gpus)
-            future = train_segment.submit(self.ref, segment, config, run_id, ids)
+            future = train_segment.submit(self.workers, self.ref, segment, config, run_id, ids)
         else:
             # The driver's own limit too, for a node or flow run that hangs as a whole.
             timeout = self.ref.segment_timeout
@@ -90,3 +94,8 @@ class Launcher:
         for future in self._flight:
             with contextlib.suppress(Exception):  # the job's own error is the one to raise
                 future.result()
+
+    def close(self) -> None:
+        """End the local workers, once no segment runs."""
+        if self.workers is not None:
+            self.workers.close()

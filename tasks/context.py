@@ -11,9 +11,10 @@ function API::
 
 The object passed as ``model=`` is the one registered in MLflow for the job's best trial.
 
-Randomness: segments of a local job train side by side in threads of one process, so a
-trainable that draws from torch's process-wide generator gets draws that depend on what the
-other segments did. ``ctx`` gives each trial its own: :meth:`TrialContext.seeded` for code
+Randomness: a worker process trains one trial's segment after another's (and a warm node
+several side by side in threads), so a trainable that draws from torch's process-wide
+generator gets draws that depend on what the other segments did. ``ctx`` gives each trial
+its own: :meth:`TrialContext.seeded` for code
 that can only use the global generator (a model's initialisation), and
 :meth:`TrialContext.generator` for draws a trainable makes itself (shuffling, dropout masks),
 one per ``(trial, salt)``, so a trial resumed at epoch ``e`` draws as one that never stopped::

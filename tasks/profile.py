@@ -1,9 +1,10 @@
 """``elastune profile``: measure the trainable's seconds per resource unit on this machine.
 
-The trainable runs a few resource units for a few sampled configurations, in this process,
-against a throwaway MLflow store; the time between consecutive reports is one unit's time.
-The first unit of each run is left out (data loading, warm-up), and what the segment spent
-outside its units is the per-segment overhead (building, restoring, checkpointing).
+The trainable runs a few resource units for a few sampled configurations, in worker
+processes as a local job's segments do (tasks/workers.py), against a throwaway MLflow
+store; the time between consecutive reports is one unit's time. The first unit of each run
+is left out (data loading, warm-up), and what the segment spent outside its units is the
+per-segment overhead (building, restoring, checkpointing).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import torch
 from planners.spec import JobSpec, SpecError, distributions, make_sampler
 from planners.staging import Profile
 from tasks.context import TrialContext
-from tasks.tracking import Tracker
+from tasks.tracking import Tracker, shared_tracker
 from tasks.trainable import load_trainable
+from tasks.workers import LocalWorkers
 
 
 class _TimedContext(TrialContext):
@@ -45,30 +47,32 @@ def measure(
 ) -> dict[str, Any]:
     """Seconds per resource unit on one device of this machine, with their spread, at each
     of ``shares``: 1 is a whole device; ``1/k`` is one of ``k`` copies of a configuration
-    training on it at once (threads of this process, as the local pool runs segments)."""
+    training on it at once (worker processes, as the local pool runs segments)."""
     if units < 2:
         raise SpecError(f"--units must be >= 2 (the first one is warm-up), got {units}")
-    print(f"timing {configs} configurations x {units} units here, in this process", file=sys.stderr)
+    print(f"timing {configs} configurations x {units} units here", file=sys.stderr)
     copies = {share: _copies(share) for share in shares}
-    trainable = load_trainable(spec.trainable)
+    load_trainable(spec.trainable)  # bad input before any worker starts
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     study = optuna.create_study(sampler=make_sampler(spec))
     per_unit: dict[float, list[float]] = {}
     overheads: list[float] = []
     trials = itertools.count()
-    with tempfile.TemporaryDirectory() as tmp:
-        tracker = Tracker(f"sqlite:///{Path(tmp)}/profile.db", "profile")
+    with tempfile.TemporaryDirectory() as tmp, LocalWorkers(torch.get_num_threads()) as workers:
+        uri = f"sqlite:///{Path(tmp)}/profile.db"
+        Tracker(uri, "profile")  # the store, made once before the workers share it
         for _ in range(configs):
             # The same configuration at every share, so that shares compare like with like.
             config = study.ask(distributions(spec)).params
             for share, k in copies.items():
                 jobs = [(next(trials), config) for _ in range(k)]
+
+                def timed_in_worker(job: tuple[int, dict[str, Any]]) -> tuple[list[float], float]:
+                    with workers.worker() as worker:
+                        return worker.call(_timed, spec, uri, *job, units, device)
+
                 with ThreadPoolExecutor(k) as pool:
-                    timed = list(
-                        pool.map(
-                            lambda job: _timed(spec, trainable, tracker, *job, units, device), jobs
-                        )
-                    )
+                    timed = list(pool.map(timed_in_worker, jobs))
                 per_unit.setdefault(share, []).extend(g for gaps, _ in timed for g in gaps)
                 if k == 1:
                     overheads += [overhead for _, overhead in timed]
@@ -91,16 +95,13 @@ def _copies(share: float) -> int:
 
 
 def _timed(
-    spec: JobSpec,
-    trainable: Any,
-    tracker: Tracker,
-    trial: int,
-    config: dict[str, Any],
-    units: int,
-    device: str,
+    spec: JobSpec, uri: str, trial: int, config: dict[str, Any], units: int, device: str
 ) -> tuple[list[float], float]:
-    """Train ``units`` units of ``config``: the seconds of each unit after the first, and
-    the segment's time outside its units (building, restoring, checkpointing)."""
+    """Train ``units`` units of ``config`` in this worker, tracked in the MLflow store at
+    ``uri``: the seconds of each unit after the first, and the segment's time outside its
+    units (building, restoring, checkpointing)."""
+    trainable = load_trainable(spec.trainable)
+    tracker = shared_tracker(uri, "profile")
     run_id = tracker.start_trial("profile", "", trial, config)
     ctx = _TimedContext(
         trial=trial,

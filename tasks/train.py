@@ -6,12 +6,14 @@ A segment runs at its width ``Segment.gpus`` (docs/algorithms.md §6, elastic tr
   CPU, NCCL on CUDA with one GPU per process). Only a trainable that declares it supports
   this (``train.distributed = True``, see :func:`tasks.trainable.supports_distributed`) is
   run so.
-* ``g = 1``: the trainable runs in this process, on ``cuda`` when there is one.
-* ``g < 1``: the segment shares its device with other segments. Segments of the local pool
-  are threads of one process and share it directly; on NVIDIA GPUs, segments in separate
-  processes (work-pool mode) run concurrently only under MPS, which elastune detects
-  (:func:`mps_running`) but does not start: run ``nvidia-cuda-mps-control -d`` on the node.
-  Without MPS they time-slice the GPU, and the trial's run is tagged so.
+* ``g = 1``: the trainable runs in one process, on ``cuda`` when there is one: a worker
+  process of the local pool (:mod:`tasks.workers`, which runs every local segment), or the
+  process of a work pool's node.
+* ``g < 1``: the segment shares its device with other segments. On NVIDIA GPUs, segments
+  in separate processes (the local pool's workers, a process or ECS pool) run concurrently
+  only under MPS, which elastune detects (:func:`mps_running`) but does not start: run
+  ``nvidia-cuda-mps-control -d`` on the node. Without MPS they time-slice the GPU, and the
+  trial's run is tagged so.
 
 A width that cannot run (the profile does not cover it, more GPUs than the pool or the
 worker has, a trainable that is not data-parallel) is bad input with a message naming the
@@ -49,6 +51,7 @@ from tasks.distributed import DistContext, DistributedError, run_distributed
 from tasks.spool import Spool
 from tasks.tracking import Tracker, shared_tracker
 from tasks.trainable import Trainable, TrainableError, load_trainable, supports_distributed
+from tasks.workers import LocalWorkers, WorkerDied
 
 
 @dataclass(frozen=True)
@@ -154,14 +157,32 @@ def report_name(segment: Segment) -> str:
     cache_policy=NO_CACHE,  # training must never be skipped by a cache hit
 )
 def train_segment(
+    workers: LocalWorkers,
     job: JobRef,
     segment: Segment,
     config: dict[str, Any],
     run_id: str,
     gpu_ids: Sequence[int] | None = None,
 ) -> SegmentReport:
-    # Local segments keep their checkpoints on this machine until they end (tasks/spool.py).
-    return run_segment(job, segment, config, run_id, gpu_ids=gpu_ids, spool=True)
+    """A segment of the local pool, run by one of ``workers`` (wider than 1, on ranks that
+    worker starts). Local segments keep their checkpoints on this machine until they end
+    (tasks/spool.py)."""
+    # The segment's own time limit ends it in the worker (run_segment); this one ends a
+    # worker stuck past it.
+    limit = job.segment_timeout
+    with workers.worker() as worker:
+        try:
+            report = worker.call(
+                run_segment, job, segment, config, run_id, gpu_ids=gpu_ids, spool=True,
+                timeout=None if limit is None else limit + 2 * GIVE_UP_GRACE_SECONDS,
+            )  # fmt: skip
+        except WorkerDied as exc:
+            return SegmentReport.failure(segment, str(exc))
+        if report.result.failed:
+            # Its trainable may have left the process broken (a CUDA error poisons the
+            # process's context) or still running (past its limit, in a C call).
+            worker.retire()
+    return report
 
 
 # How long a data-parallel segment may run without ``compute.segment_timeout``; also each

@@ -35,6 +35,17 @@ sys.path.insert(0, str(ROOT))
 from tests.prefect_server import prefect_api  # noqa: E402, F401
 
 
+@pytest.fixture(scope="session", autouse=True)
+def fork_server() -> None:
+    """Local jobs' workers fork from multiprocessing's fork server (tasks/workers.py), which
+    this process starts once, importing torch and elastune: started here, its seconds never
+    fall inside a test's job (a deadline of 2 s would pass in them)."""
+    from tasks.workers import LocalWorkers
+
+    with LocalWorkers(threads=1) as workers, workers.worker() as one:
+        one.call(os.getpid)
+
+
 @pytest.fixture
 def stores(tmp_path: Path) -> list[str]:
     """``--set`` arguments that put MLflow and Optuna under ``tmp_path``."""

@@ -13,9 +13,9 @@ import yaml
 
 import flows.compiled
 import tasks.train
+import tasks.workers
 from flows.cli import main
 from planners.staging import LocalDevices
-from tests import trainables
 
 
 def test_segments_get_the_least_loaded_devices() -> None:
@@ -66,49 +66,47 @@ def test_a_local_job_gives_concurrent_segments_different_devices(
     monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.3")
     assert run_four_segments(tmp_path, stores, capsys, "pid_logged_quadratic") == 4
     assert len(calls) == 4
-    assert {ids for _, _, ids, _ in calls} == {(0,), (1,)}
+    assert {ids for _, _, ids, _, _ in calls} == {(0,), (1,)}
     overlapping = overlaps(calls)
     assert overlapping, "no two segments ran at once"
     assert all(a[2] != b[2] for a, b in overlapping)
 
 
 @pytest.mark.usefixtures("prefect_api")
-def test_a_trainable_left_in_a_c_call_keeps_its_device_taken(
-    tmp_path, stores, capsys, monkeypatch, caplog
+def test_a_trainable_left_in_a_c_call_ends_with_its_worker_and_frees_its_device(
+    tmp_path, stores, capsys, monkeypatch
 ) -> None:
     """Trial 0's segment ends at its limit while its trainable stays blocked in C, holding
-    what it put on its device: the next trials train on the other device."""
+    what it put on its device: its worker is killed, so the device is free again for the
+    next trial, which trains in a new worker."""
     calls = two_devices_recorded(monkeypatch)
-    monkeypatch.setattr(tasks.train, "GIVE_UP_GRACE_SECONDS", 0.5)
-    trainables.UNBLOCK.clear()
     scheduler = {"name": "random", "max_resource": 1, "max_trials": 3}
-    try:
-        summary = run_job(
-            tmp_path, stores, capsys, "blocked_in_trial_0", scheduler, 1, segment_timeout="1s"
-        )
-    finally:
-        trainables.UNBLOCK.set()
+    summary = run_job(
+        tmp_path, stores, capsys, "blocked_in_trial_0", scheduler, 1, segment_timeout="1s"
+    )
     assert summary["trials"] == 3
-    given = {trial: ids for _, _, ids, trial in calls}
-    assert given == {0: (0,), 1: (1,), 2: (1,)}  # device 0: trial 0's blocked call
-    assert "trial 0: its trainable still runs in a C call" in caplog.text
+    assert {trial: ids for _, _, ids, trial, _ in calls} == {0: (0,), 1: (0,), 2: (0,)}
+    workers = [pid for *_, pid in calls]
+    assert workers[1] != workers[0] and workers[2] == workers[1]  # retired, then kept warm
 
 
-def two_devices_recorded(monkeypatch) -> list[tuple[float, float, tuple[int, ...], int]]:
+def two_devices_recorded(monkeypatch) -> list[tuple[float, float, tuple[int, ...], int, int]]:
     """A machine with two CUDA devices, as the driver sees it; training itself stays on the
     CPU here (run_segment ignores device ids without CUDA), so each segment's begin, end,
-    device ids and trial are recorded as it ends."""
+    device ids, trial and worker process are recorded as it ends."""
     monkeypatch.setattr(flows.compiled, "cuda_devices", lambda: 2)
-    calls: list[tuple[float, float, tuple[int, ...], int]] = []
-    real = tasks.train.run_segment
+    calls: list[tuple[float, float, tuple[int, ...], int, int]] = []
+    real = tasks.workers.Worker.call
 
-    def recording(job, segment, config, run_id, device=None, gpu_ids=None, spool=False):
+    def recording(worker, fn, *args, **kwargs):
         began = time.monotonic()
-        report = real(job, segment, config, run_id, device, gpu_ids, spool)
-        calls.append((began, time.monotonic(), tuple(gpu_ids), segment.trial))
-        return report
+        try:
+            return real(worker, fn, *args, **kwargs)
+        finally:
+            ids = tuple(kwargs["gpu_ids"])
+            calls.append((began, time.monotonic(), ids, args[1].trial, worker.pid))
 
-    monkeypatch.setattr(tasks.train, "run_segment", recording)
+    monkeypatch.setattr(tasks.workers.Worker, "call", recording)
     return calls
 
 

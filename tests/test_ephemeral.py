@@ -47,9 +47,39 @@ def alive(pid: int) -> bool:
 
 
 def is_server(pid: int) -> bool:
+    return FACTORY.encode() in cmdline(pid)
+
+
+def cmdline(pid: int) -> bytes:
     with contextlib.suppress(OSError):
-        return FACTORY.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    return b""
+
+
+def parent(pid: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[1])
+    return None
+
+
+def descends(pid: int | None, ancestor: int) -> bool:
+    """Is ``pid`` a descendant of ``ancestor`` (a run's worker, forked by its fork server)?"""
+    while pid not in (None, 0, 1):
+        pid = parent(pid)
+        if pid == ancestor:
+            return True
     return False
+
+
+def running(argument: Path) -> list[int]:
+    """Processes whose command line holds ``argument``: a command, and its workers (forks)."""
+    needle = str(argument).encode()
+    return [
+        int(p.name)
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and needle in cmdline(int(p.name))
+    ]
 
 
 def wait_for(condition: Callable[[], object], seconds: float) -> bool:
@@ -156,9 +186,13 @@ def test_a_killed_profile_leaves_no_calibration_run(tmp_path: Path, how: signal.
     profile = start(tmp_path, "profile", env, subprocess.DEVNULL)
     servers: list[int] = []
 
-    def training() -> set[int]:  # its own units first (1 s each), then a calibration run's
+    def trained() -> set[int]:  # the workers that trained: the profile's own, then a run's
         lines = pids.read_text().splitlines() if pids.exists() else []
-        return {int(line.split()[0]) for line in lines} - {profile.pid}
+        return {int(line.split()[0]) for line in lines}
+
+    def training() -> list[int]:  # the calibration run whose worker trains
+        runs = [pid for pid in children(profile.pid) if b"flows.cli\x00run\x00" in cmdline(pid)]
+        return [run for run in runs if any(descends(pid, run) for pid in trained())]
 
     def folders() -> list[Path]:  # the calibration runs' throwaway folders (torch's cache aside)
         return [folder for folder in scratch.iterdir() if (folder / "job.yaml").exists()]
@@ -167,12 +201,14 @@ def test_a_killed_profile_leaves_no_calibration_run(tmp_path: Path, how: signal.
         assert wait_for(training, 180), "never calibrated"
         (tmp_path / "pids.log.hold").touch()  # the run holds its first epoch from now on
         (run,) = training()
+        workers = [pid for pid in trained() if descends(pid, run)]
         servers = [pid for pid in children(run) if is_server(pid)]
         assert servers and alive(run) and folders()
         profile.send_signal(how)
         assert profile.wait(15) == (1 if how == signal.SIGTERM else -how)
         # SIGKILL: the run gets SIGTERM from its watchdog, and SIGKILL 5 s later.
         assert wait_for(lambda: not alive(run), 20), "calibration run left"
+        assert wait_for(lambda: not any(alive(pid) for pid in workers), 15), "worker left"
         assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
         assert wait_for(lambda: not folders(), 15), "throwaway folder left"
     finally:
@@ -186,19 +222,21 @@ def test_a_killed_profile_leaves_no_calibration_run(tmp_path: Path, how: signal.
 def test_threads_a_trial_left_or_blocked_in_a_c_call_hold_up_neither_job_nor_exit(
     tmp_path: Path,
 ) -> None:
-    """Python joins every non-daemon thread before its exit handlers, which stop the
-    command's server: the command goes without such a thread, and stops its server. A
-    trial's call blocked in C cannot be interrupted: its segment leaves it behind at its
-    limit (the trial fails, its task run ends), and the job goes on and ends."""
+    """A trial's call blocked in C cannot be interrupted: its segment ends at its limit (the
+    trial fails, its task run ends) and its worker is killed; the job goes on and ends.
+    Threads a trial left running (not daemons) end with their workers, and the one the
+    command's own call of the trainable leaves (to register the best model) does not hold up
+    its exit: Python joins every non-daemon thread before the exit handlers that stop the
+    command's server. No worker outlives the command."""
     short = {"name": "sha", "eta": 3, "max_resource": 3, "max_trials": 3}
     compute = {"workers": 2, "segment_timeout": "2s"}
     run = training_run(tmp_path, "leaves_a_thread", short, subprocess.PIPE, compute)
     with run as (driver, servers):
         _, err = driver.communicate(timeout=180)  # trial 0 sleeps an hour
         assert driver.returncode == 0, err
-        # The blocked call's thread is a daemon: the exit waits for the trials' own alone.
         assert "exiting without threads still running: left-by-a-trial\n" in err
         assert wait_for(lambda: not any(alive(pid) for pid in servers), 15), "server left"
+        assert wait_for(lambda: not running(tmp_path / "job.yaml"), 15), "worker left"
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     experiment = client.get_experiment_by_name("leaves_a_thread").experiment_id
     runs = client.search_runs([experiment], "tags.elastune.trial = '0'")

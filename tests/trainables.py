@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -90,16 +91,33 @@ def leaves_a_thread(config: dict, ctx: TrialContext) -> None:
     logged_quadratic(config, ctx)
 
 
-# Set by a test to let :func:`blocked_in_trial_0`'s trial 0 return.
-UNBLOCK = threading.Event()
-
-
 def blocked_in_trial_0(config: dict, ctx: TrialContext) -> None:
-    """:func:`quadratic`, except trial 0: blocked in a C call (a CUDA call that does not
-    return, say) until :data:`UNBLOCK` is set, then gone without a word."""
+    """:func:`quadratic`, except trial 0: blocked in a C call for ever (a CUDA call that
+    does not return, say)."""
     if ctx.trial == 0:
-        UNBLOCK.wait()
-        return
+        threading.Event().wait()
+    quadratic(config, ctx)
+
+
+def slow_finish_in_trial_0(config: dict, ctx: TrialContext) -> None:
+    """:func:`quadratic`, whose trial 0 hands its segment's metrics and checkpoint to MLflow
+    (``ctx.finish``) only $ELASTUNE_TEST_FINISH_SECONDS after it trained (a slow store)."""
+    if ctx.trial == 0:
+        finish = ctx.finish
+
+        def slow() -> None:
+            time.sleep(float(os.environ["ELASTUNE_TEST_FINISH_SECONDS"]))
+            finish()
+
+        ctx.finish = slow  # type: ignore[method-assign]
+    quadratic(config, ctx)
+
+
+def crashes_in_trial_0(config: dict, ctx: TrialContext) -> None:
+    """:func:`quadratic`, except trial 0: its process dies of a segmentation fault (a bug in
+    a C extension, say) before it trains."""
+    if ctx.trial == 0:
+        os.kill(os.getpid(), signal.SIGSEGV)
     quadratic(config, ctx)
 
 
@@ -237,10 +255,10 @@ def seeded_init(config: dict, ctx: TrialContext) -> None:
 
 def collector(config: dict, ctx: TrialContext) -> None:
     """Reports, from inside the job, whether Python's cyclic garbage collector is on, how
-    many objects it leaves out (frozen) and the interpreter's switch interval."""
+    many objects it leaves out (frozen) and the process it trains in."""
     for _ in ctx.range(ctx.restore()):
-        frozen, switch = gc.get_freeze_count(), sys.getswitchinterval()
-        ctx.report(val_accuracy=config["x"], gc_on=gc.isenabled(), frozen=frozen, switch=switch)
+        frozen, pid = gc.get_freeze_count(), os.getpid()
+        ctx.report(val_accuracy=config["x"], gc_on=gc.isenabled(), frozen=frozen, pid=pid)
 
 
 def checkpoints_until_stopped(config: dict, ctx: TrialContext) -> None:
