@@ -34,10 +34,11 @@ JOB = {
     "mode": "max",
     "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
     "sampler": {"name": "random", "seed": 0},
-    # One segment of 27 epochs per trial: 8.1 s each, far past the deadline.
-    "scheduler": {"name": "random", "max_resource": 27, "max_trials": 4},
+    # One segment of 40 epochs per trial: 12 s each, far past the deadline. The deadline
+    # counts from the flow's start: 5 s leave a loaded CI run time to start both trials.
+    "scheduler": {"name": "random", "max_resource": 40, "max_trials": 4},
     "compute": {"workers": 2},
-    "budget": {"deadline": 2},
+    "budget": {"deadline": 5},
 }
 
 
@@ -135,17 +136,17 @@ def test_a_run_stops_at_its_deadline_keeping_what_it_trained(
     log = tmp_path / "epochs.log"
     monkeypatch.setenv("ELASTUNE_TEST_LOG", str(log))
     summary, err, lines = run_cli(tmp_path, stores, prefect_api, JOB)
-    assert "stops after 2s, workers = segments" in err
-    assert summary["deadline"] == {"seconds": 2.0, "passed": True, "segments_cut": 2}
+    assert "stops after 5s, workers = segments" in err
+    assert summary["deadline"] == {"seconds": 5.0, "passed": True, "segments_cut": 2}
     _print_run(summary)  # the table `elastune run` prints without --json
-    assert "2 s: passed, 2 segments cut short" in capsys.readouterr().out
+    assert "5 s: passed, 2 segments cut short" in capsys.readouterr().out
     # The two trials running at the deadline stopped there; the next two never started.
     assert summary["trials"] == 2 and summary["segments"] == 2
-    assert summary["wall_seconds"] < 27 * 0.3  # one segment to its end takes 8.1 s
+    assert summary["wall_seconds"] < 40 * 0.3  # one segment to its end takes 12 s
     story = "\n".join(lines)
     cut = [line for line in lines if " stopped by the deadline at resource " in line]
-    assert len(cut) == 2 and all(line.endswith("(its segment 0 → 27)") for line in cut), story
-    told = "deadline 2s passed: no segment starts from now, those running stop at their next step"
+    assert len(cut) == 2 and all(line.endswith("(its segment 0 → 40)") for line in cut), story
+    told = "deadline 5s passed: no segment starts from now, those running stop at their next step"
     assert lines.count(told) == 1 and lines.index(told) < lines.index(cut[0]), story
     assert any(
         line.startswith(f"job {summary['job_id']} done at its deadline: 2 trials") for line in lines
@@ -155,7 +156,7 @@ def test_a_run_stops_at_its_deadline_keeping_what_it_trained(
         trial, epoch = map(int, line.split())
         trained.setdefault(trial, []).append(epoch)
     assert sorted(trained) == [0, 1]
-    assert all(1 <= len(epochs) < 27 for epochs in trained.values())
+    assert all(1 <= len(epochs) < 40 for epochs in trained.values())
 
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     for trial, epochs in trained.items():
@@ -206,7 +207,7 @@ def test_a_segment_its_deadline_cut_runs_again_when_its_job_resumes(tmp_path: Pa
     stored = stored_job(job.job_id, spec.tracking.optuna_storage)
     again = Job.resume(compile_job(stored.spec), stored)
     assert again.tally.segments == 0 and recover(again) == [segment, other]
-    result = Result(segment.trial, 27, -0.5, history=((27.0, -0.5),))
+    result = Result(segment.trial, 40, -0.5, history=((40.0, -0.5),))
     whole = SegmentReport(result, ("val_accuracy",))
     again.runs.tracker.save_report(run_id, report_name(segment), whole.to_dict())
     assert recover(again) == [other] and again.loop.states[segment.trial] is Action.COMPLETE
