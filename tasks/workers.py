@@ -54,6 +54,8 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
+from multiprocessing import process as mp_process
+from multiprocessing import util as mp_util
 from multiprocessing.connection import Connection, wait
 from typing import Any, NoReturn
 
@@ -235,7 +237,13 @@ def _fork_worker(
                 os.close(fd)
             control.close()
             theirs.close()
+            # As multiprocessing's own children do: none of the server's finalizers or
+            # children are the worker's, and its own (the temporary folder of a forkserver
+            # its segments started, tasks/distributed.py) go when it ends.
+            mp_util._finalizer_registry.clear()
+            mp_process._children.clear()
             code = _serve(mine, watch_r)
+            mp_util._exit_function()
         except BaseException:
             traceback.print_exc()
         finally:

@@ -37,9 +37,9 @@ from tests.prefect_server import prefect_api  # noqa: E402, F401
 
 @pytest.fixture(scope="session", autouse=True)
 def fork_server() -> None:
-    """Local jobs' workers fork from multiprocessing's fork server (tasks/workers.py), which
-    this process starts once, importing torch and elastune: started here, its seconds never
-    fall inside a test's job (a deadline of 2 s would pass in them)."""
+    """Local jobs' workers fork from a fork server (tasks/workers.py), which this process
+    starts once, importing torch and elastune: started here, its seconds never fall inside a
+    test's job (a short deadline would pass in them)."""
     from tasks.workers import LocalWorkers
 
     with LocalWorkers(threads=1) as workers, workers.worker() as one:
