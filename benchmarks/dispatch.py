@@ -152,12 +152,11 @@ def main(argv: list[str] | None = None) -> None:
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
     )
     from infra.local_cluster import running_cluster
-    from tasks.workers import LocalWorkers
+    from tasks.workers import warm_fork_server
 
     # Local jobs' workers fork from a server this process starts once (tasks/workers.py):
     # started before the timing, as `elastune run` has its own from its start.
-    with LocalWorkers(threads=1) as workers, workers.worker() as worker:
-        worker.call(os.getpid)
+    warm_fork_server()
 
     database = args.database.split(":")[0].split("+")[0] if args.database else "sqlite"
     results: dict[str, Any] = {

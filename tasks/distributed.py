@@ -40,6 +40,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from tasks.workers import exit_reason
+
 BACKENDS = ("gloo", "nccl")
 
 
@@ -264,7 +266,7 @@ def _collect(
                     exits[ready] = rank  # its last message is still in the pipe
                     continue
                 if rank not in finished and rank not in failures:
-                    reason = f"exited with code {process.exitcode} before reporting a result"
+                    reason = f"{exit_reason(process.exitcode)} before reporting a result"
                     failures[rank] = _Failure(rank, True, time.time(), reason)
             if failures:
                 give_up = min(give_up, time.monotonic() + FAILURE_GRACE_SECONDS)

@@ -388,12 +388,11 @@ class LocalWorkers:
             raise
         finally:
             with self._lock:
-                if worker not in self._every:
-                    pass  # closed meanwhile
-                elif worker.retired:
-                    self._every.remove(worker)
-                else:
-                    self._idle.append(worker)
+                if worker in self._every:  # not closed meanwhile
+                    if worker.retired:
+                        self._every.remove(worker)
+                    else:
+                        self._idle.append(worker)
 
     def close(self) -> None:
         """End every worker (call it once none is busy): each leaves its loop at the end of
@@ -405,3 +404,11 @@ class LocalWorkers:
         for worker in every:
             if worker.join(timeout=5.0) is None:
                 worker.retire()
+
+
+def warm_fork_server() -> None:
+    """Start this process's fork server now and wait for its imports (its first worker
+    answers once they are done), so that no job's clock counts them: a test session, a
+    benchmark's timing."""
+    with LocalWorkers(threads=1) as workers, workers.worker() as worker:
+        worker.call(os.getpid)

@@ -40,10 +40,9 @@ def fork_server() -> None:
     """Local jobs' workers fork from a fork server (tasks/workers.py), which this process
     starts once, importing torch and elastune: started here, its seconds never fall inside a
     test's job (a short deadline would pass in them)."""
-    from tasks.workers import LocalWorkers
+    from tasks.workers import warm_fork_server
 
-    with LocalWorkers(threads=1) as workers, workers.worker() as one:
-        one.call(os.getpid)
+    warm_fork_server()
 
 
 @pytest.fixture
