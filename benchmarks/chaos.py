@@ -1,10 +1,10 @@
 """Issue 7's figure: kill the driver of a digits job at random points and resume each time.
 
 The job is ``examples/digits.yaml`` run through the real CLI with fresh MLflow, Optuna and
-Prefect stores in a temporary folder. The driver (``python -m flows.cli run``, in its own
+Prefect stores in a temporary folder. The driver (``python -m elastune.flows.cli run``, in its own
 process group) gets SIGKILL, as a preempted machine would, at ``--kills`` points drawn with
-``--seed``; each time ``python -m flows.cli resume JOB_ID`` takes over, and a resuming driver
-may itself be killed (a kill point may fall while it is still starting). A kill point is a
+``--seed``; each time ``python -m elastune.flows.cli resume JOB_ID`` takes over, and a resuming
+driver may itself be killed (a kill point may fall while it is still starting). A kill point is a
 number of journaled results and a phase: ``after-result`` kills as soon as that many results
 are journaled (between segments, or while a resumed driver is starting), and
 ``after-checkpoint`` waits for the next checkpoint file, so the kill lands mid-segment or
@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # for annotations; at run time imported where used
     from mlflow.entities import Run
 
-    from tasks.tracking import Tracker
+    from elastune.tasks.tracking import Tracker
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -104,7 +104,7 @@ def start(args: list[str], stores: Stores, log: Path) -> subprocess.Popen:
     """A driver in its own process group (its ephemeral Prefect server goes with it)."""
     with log.open("w") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", *args, "--json"],
+            [sys.executable, "-m", "elastune.flows.cli", *args, "--json"],
             cwd=ROOT,
             env=stores.env(),
             stdout=subprocess.PIPE,
@@ -144,7 +144,7 @@ def checkpoint_files(stores: Stores) -> set[Path]:
 def journal(job_id: str, storage: str) -> list[dict[str, Any]]:
     import optuna
 
-    from planners.search import StudyJournal
+    from elastune.planners.search import StudyJournal
 
     try:
         study = optuna.load_study(study_name=job_id, storage=storage)
@@ -218,7 +218,7 @@ def segment_task_runs(stores: Stores) -> tuple[Counter, int]:
 
 def trial_runs(job_id: str, stores: Stores) -> tuple[Tracker, list[Run]]:
     """The MLflow tracker of the digits experiment and the job's trial runs in it."""
-    from tasks.tracking import Tracker
+    from elastune.tasks.tracking import Tracker
 
     tracker = Tracker(stores.mlflow, "digits-cnn")
     runs = tracker.client.search_runs(
@@ -324,8 +324,8 @@ def main() -> int:
 
     import optuna
 
-    from planners.spec import load_job
-    from planners.staging import compile_plan
+    from elastune.planners.spec import load_job
+    from elastune.planners.staging import compile_plan
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     overrides = [f"scheduler.max_resource={args.max_resource}", *args.set]

@@ -47,7 +47,14 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         uri = f"sqlite:///{tmp}/mlflow.db"
-        command = [sys.executable, "-m", "flows.cli", "run", "examples/digits.yaml", "--json"]
+        command = [
+            sys.executable,
+            "-m",
+            "elastune.flows.cli",
+            "run",
+            "examples/digits.yaml",
+            "--json",
+        ]
         overrides = [f"tracking.mlflow_uri={uri}", f"tracking.optuna_storage=sqlite:///{tmp}/o.db"]
         for assignment in overrides + args.set:
             command += ["--set", assignment]

@@ -1,6 +1,6 @@
 """What a work-pool segment costs to hand out: warm workers against local mode (issue 13).
 
-On one Prefect server on loopback (``infra.local_cluster``), with 2 slots each way:
+On one Prefect server on loopback (``elastune.infra.local_cluster``), with 2 slots each way:
 
 - ``dispatch``: a job of one-epoch trials whose trainable does no work (``idle``: one report,
   nothing else), one slot per segment. Printed per mode: the job's
@@ -65,7 +65,7 @@ def idle_job(folder: Path, trials: int) -> Path:
 
 def run_job(path: Path, folder: Path, *args: str) -> dict[str, Any]:
     """Run the job file at ``path`` with its stores in ``folder``; its summary."""
-    from flows.cli import main
+    from elastune.flows.cli import main
 
     stores = [
         f"tracking.mlflow_uri=sqlite:///{folder}/mlflow.db",
@@ -128,7 +128,7 @@ def flow_runs(tmp: Path, api: str, trials: int) -> dict[str, float]:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
-    from infra.server import running_worker
+    from elastune.infra.server import running_worker
 
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name="flow-runs", type="process"))
@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
     )
-    from infra.local_cluster import running_cluster
-    from tasks.workers import warm_fork_server
+    from elastune.infra.local_cluster import running_cluster
+    from elastune.tasks.workers import warm_fork_server
 
     # Local jobs' workers fork from a server this process starts once (tasks/workers.py):
     # started before the timing, as `elastune run` has its own from its start.

@@ -43,10 +43,10 @@ import optuna
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planners.sim import LCBenchTable, Packing, simulate  # noqa: E402
-from planners.sim.lcbench import tasks  # noqa: E402
-from planners.spec import load_job  # noqa: E402
-from planners.staging import Profile  # noqa: E402
+from elastune.planners.sim import LCBenchTable, Packing, simulate  # noqa: E402
+from elastune.planners.sim.lcbench import tasks  # noqa: E402
+from elastune.planners.spec import load_job  # noqa: E402
+from elastune.planners.staging import Profile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "fluid_speedup.json"
 JOB = ROOT / "examples" / "lcbench.yaml"

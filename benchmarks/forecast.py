@@ -57,7 +57,7 @@ LCBENCH = {
 
 def lcbench_slow(config: dict[str, Any], ctx: Any) -> None:
     """examples/lcbench.py's replayed curve, each epoch taking ``$FORECAST_EPOCH_S``."""
-    from planners.sim import LCBenchSurrogate
+    from elastune.planners.sim import LCBenchSurrogate
 
     full = {
         "batch_size": 64,
@@ -105,7 +105,7 @@ def elastune(args: list[str], folder: Path, epoch_s: str) -> dict[str, Any]:
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, EPOCH_S: epoch_s}
     done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", *args, "--json"],
+        [sys.executable, "-m", "elastune.flows.cli", *args, "--json"],
         cwd=folder,
         env=env,
         capture_output=True,

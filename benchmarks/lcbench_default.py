@@ -4,8 +4,8 @@ Protocol (issue 8): the LCBench table (YAHPO Gym surrogate, 1000 configurations 
 epochs), 32 virtual workers, 5 seeds per task. Configurations come from the table without
 replacement, one permutation per seed shared by every method (common random numbers); the
 default's model-based sampler instead chooses among the rows not yet tried, scoring them
-by their hyperparameters only (see ``planners.sim.configs.table_sampler``). An epoch costs the
-difference of the monotone cumulative time; every trained epoch counts as an observation.
+by their hyperparameters only (see ``elastune.planners.sim.configs.table_sampler``). An epoch costs
+the difference of the monotone cumulative time; every trained epoch counts as an observation.
 Per task: target = 99% of the best val_accuracy of the 1000 at epoch 52; oracle = that
 configuration's own 52-epoch time; budget = 3 x the task's median 52-epoch time of simulated
 wall clock, where every run stops.
@@ -89,10 +89,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from schedulers import _optuna_sha, _sha  # noqa: E402  (benchmarks/schedulers.py)
 
 from benchmarks.baselines import StoppingAsha  # noqa: E402
-from planners.search import Scheduler  # noqa: E402
-from planners.sim import LCBenchTable, simulate  # noqa: E402
-from planners.sim.lcbench import LCBenchSurrogate, tasks  # noqa: E402
-from planners.spec import JobSpec, parse_job  # noqa: E402
+from elastune.planners.search import Scheduler  # noqa: E402
+from elastune.planners.sim import LCBenchTable, simulate  # noqa: E402
+from elastune.planners.sim.lcbench import LCBenchSurrogate, tasks  # noqa: E402
+from elastune.planners.spec import JobSpec, parse_job  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 JOB = ROOT / "examples" / "lcbench.yaml"

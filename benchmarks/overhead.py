@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULT = ROOT / "benchmarks" / "results" / "overhead.json"
 
-from flows.ephemeral import RECORDER_BATCHES  # noqa: E402  (after the path)
+from elastune.flows.ephemeral import RECORDER_BATCHES  # noqa: E402  (after the path)
 
 
 def median_seconds(call: Callable[[], Any], repeat: int) -> float:
@@ -62,10 +62,10 @@ def tracking_costs(tmp: Path) -> dict[str, float]:
     one epoch of it."""
     import torch
 
+    from elastune.tasks.context import TrialContext
+    from elastune.tasks.spool import Spool
+    from elastune.tasks.tracking import Tracker
     from examples.digits import Net, data
-    from tasks.context import TrialContext
-    from tasks.spool import Spool
-    from tasks.tracking import Tracker
 
     tracker = Tracker(f"sqlite:///{tmp}/mlflow.db", "overhead")
     parent = tracker.start_job("job", {}, {})
@@ -173,7 +173,7 @@ def sampler_costs() -> dict[str, dict[int, float]]:
     """Seconds per ask after n finished trials, for tpe and mf-tpe on the digits space."""
     import optuna
 
-    from planners.spec import distributions, load_job, make_sampler
+    from elastune.planners.spec import distributions, load_job, make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out: dict[str, dict[int, float]] = {}
@@ -198,8 +198,8 @@ def paused_ask_costs(tmp: Path, driver: bool) -> dict[int, float]:
     the storage a job's driver uses, which reads them from memory."""
     import optuna
 
-    from planners.spec import distributions, load_job, make_sampler
-    from tasks.study_storage import driver_storage
+    from elastune.planners.spec import distributions, load_job, make_sampler
+    from elastune.tasks.study_storage import driver_storage
 
     spec = load_job(ROOT / "examples" / "digits.yaml", ["sampler.name=mf-tpe"])
     url = f"sqlite:///{tmp}/paused-{driver}.db"
@@ -219,7 +219,7 @@ def paused_ask_costs(tmp: Path, driver: bool) -> dict[int, float]:
 EXIT_PROBE = """
 import atexit, gc, sys, time
 atexit.register(lambda: print(time.time(), file=sys.stderr))  # first in, so it runs last
-from flows.cli import main
+from elastune.flows.cli import main
 code = main(["run", sys.argv[1], "--json"])
 if sys.argv[2] == "collected":
     atexit.unregister(gc.freeze)
@@ -233,8 +233,8 @@ def exit_costs(tmp: Path, repeat: int = 3) -> dict[str, float]:
     is ``elastune profile``'s first calibration job of the digits example, 2 workers."""
     import yaml
 
-    from flows.calibrate import Run, calibration_job
-    from planners.spec import load_job
+    from elastune.flows.calibrate import Run, calibration_job
+    from elastune.planners.spec import load_job
 
     spec = load_job(ROOT / "examples" / "digits.yaml", ["compute.workers=2"])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -38,11 +38,11 @@ from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planners.search.schedulers.base import ranked
-from planners.sim.lcbench import LCBenchTable, tasks
-from planners.spec.geometry import Bracket, hyperband_brackets, sha_bracket
-from planners.staging import DynamicFluid, Packer, Profile, StaticFluid, Work
-from planners.staging.fluid import fifo_makespan
+from elastune.planners.search.schedulers.base import ranked
+from elastune.planners.sim.lcbench import LCBenchTable, tasks
+from elastune.planners.spec.geometry import Bracket, hyperband_brackets, sha_bracket
+from elastune.planners.staging import DynamicFluid, Packer, Profile, StaticFluid, Work
+from elastune.planners.staging.fluid import fifo_makespan
 
 RESULTS = Path(__file__).resolve().parent / "results" / "packing.json"
 SPEEDUP = {2: 1.8, 4: 3.2, 8: 5.6}

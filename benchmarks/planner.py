@@ -41,15 +41,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from planners.cost import plan_job
-from planners.cost.billing import BillingRule
-from planners.cost.catalog import Catalog, read_catalog
-from planners.cost.job import job_profile
-from planners.cost.rubberband import RubberBand
-from planners.cost.simulate import PlanSimulator
-from planners.cost.sizing import chains_of
-from planners.spec import JobSpec, parse_job
-from planners.staging import compile_plan
+from elastune.planners.cost import plan_job
+from elastune.planners.cost.billing import BillingRule
+from elastune.planners.cost.catalog import Catalog, read_catalog
+from elastune.planners.cost.job import job_profile
+from elastune.planners.cost.rubberband import RubberBand
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.sizing import chains_of
+from elastune.planners.spec import JobSpec, parse_job
+from elastune.planners.staging import compile_plan
 
 SAMPLES = 200  # what plan_job uses
 FRESH_SAMPLES = 5000
@@ -372,7 +372,7 @@ def static_spot(
 ) -> tuple[float | None, str | None]:
     """Mean cost of the cheapest static spot pool (of the job's quota at most) that meets
     the deadline by the planner's rule for spot plans, and its type; None when none does."""
-    from planners.cost.baselines import static_pool
+    from elastune.planners.cost.baselines import static_pool
 
     best: tuple[float, str] | None = None
     quota = planner.max_gpus or 10**6

@@ -5,7 +5,8 @@ fixed GPUs per trial.
 For every scenario of ``benchmarks/planner.py`` (same jobs, profiles, catalogs and
 deadlines) it plans the job twice with ``plan_job``: as today (``packing=False``) and with a
 simulator that packs every stage (``packing=True``: StaticFluid widths over the stage's
-``instances x GPUs per node``, see ``planners.cost.simulate.PlanSimulator.packed``). It records
+``instances x GPUs per node``, see ``elastune.planners.cost.simulate.PlanSimulator.packed``). It
+records
 
 - the unpacked plan priced again with packing: how much sooner the same nodes finish when
   the survivors of a stage take the GPUs its node count leaves idle (``same_plan_jct_ratio``:
@@ -45,9 +46,9 @@ from benchmarks.planner import (
     fastest_p95,
     spec_for,
 )
-from planners.cost import plan_job
-from planners.cost.job import job_profile
-from planners.cost.simulate import PlanSimulator
+from elastune.planners.cost import plan_job
+from elastune.planners.cost.job import job_profile
+from elastune.planners.cost.simulate import PlanSimulator
 
 
 def run_scenario(scenario: Scenario) -> dict[str, Any]:

@@ -5,7 +5,8 @@ For each scenario (a SHA job, an instance-type set, a spot market) the deadline 
 ``--traces`` worlds (interruption traces, with their stragglers and startup delays: the
 simulator with one sample, seeds 0, 1, ...):
 
-- **spot with a deadline**: :func:`~planners.cost.spot_deadline.plan_spot`'s on-demand plan,
+- **spot with a deadline**: :func:`~elastune.planners.cost.spot_deadline.plan_spot`'s on-demand
+plan,
   each stage moved to spot at its barrier while the slack allows;
 - **on-demand only**: RubberBand's cheapest on-demand plan meeting the deadline.
 
@@ -32,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from planners.cost.baselines import static_baselines
-from planners.cost.catalog import Catalog, parse_catalog, read_catalog
-from planners.cost.rubberband import RubberBand
-from planners.cost.simulate import PlanSimulator
-from planners.cost.spot_deadline import SpotDeadline, plan_spot
-from planners.staging import Profile, Stage
+from elastune.planners.cost.baselines import static_baselines
+from elastune.planners.cost.catalog import Catalog, parse_catalog, read_catalog
+from elastune.planners.cost.rubberband import RubberBand
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.spot_deadline import SpotDeadline, plan_spot
+from elastune.planners.staging import Profile, Stage
 
 SAMPLES = 400
 JOBS = {

@@ -1,7 +1,7 @@
 """Where a local job's time goes: a profile of ``elastune run`` on the useful-work job.
 
-Runs ``python -m flows.cli run`` on ``benchmarks/useful_work.py``'s job (bloom + mf-tpe, two
-workers, fresh stores, a migrated Prefect home) for ``--seconds``, in a process that also
+Runs ``python -m elastune.flows.cli run`` on ``benchmarks/useful_work.py``'s job (bloom + mf-tpe,
+two workers, fresh stores, a migrated Prefect home) for ``--seconds``, in a process that also
 runs a sampling profiler, then kills it. The driver and each of its worker processes
 (tasks/workers.py: forks of the command, which inherit the profiler) run a sampler that
 wakes every 5 ms and charges each thread's CPU time since the last wake
@@ -58,18 +58,18 @@ PARTS = [
 ]
 # Steps timed by the wall clock: (module, owner in it or None, function).
 TIMED = [
-    ("flows.drive", None, "admit"),
-    ("flows.drive", None, "start"),
-    ("flows.launch", "Launcher", "next_report"),
-    ("flows.job", "Job", "record"),
-    ("flows.job", "Job", "flush"),
-    ("flows.job", "Job", "create"),
-    ("tasks.train", None, "run_segment"),
-    ("tasks.context", "TrialContext", "report"),
-    ("tasks.context", "TrialContext", "checkpoint"),
-    ("tasks.context", "TrialContext", "restore"),
-    ("tasks.context", "TrialContext", "finish"),
-    ("tasks.tracking", "Tracker", "save_report"),
+    ("elastune.flows.drive", None, "admit"),
+    ("elastune.flows.drive", None, "start"),
+    ("elastune.flows.launch", "Launcher", "next_report"),
+    ("elastune.flows.job", "Job", "record"),
+    ("elastune.flows.job", "Job", "flush"),
+    ("elastune.flows.job", "Job", "create"),
+    ("elastune.tasks.train", None, "run_segment"),
+    ("elastune.tasks.context", "TrialContext", "report"),
+    ("elastune.tasks.context", "TrialContext", "checkpoint"),
+    ("elastune.tasks.context", "TrialContext", "restore"),
+    ("elastune.tasks.context", "TrialContext", "finish"),
+    ("elastune.tasks.tracking", "Tracker", "save_report"),
 ]
 
 
@@ -94,7 +94,7 @@ def profile_this_process(out: Path) -> None:
     dumps its figures to ``out``'s folder, as ``profile-PID.json``."""
     import importlib
 
-    import tasks.workers
+    import elastune.tasks.workers
 
     cpu: collections.Counter[str] = collections.Counter()
     walls: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
@@ -152,7 +152,7 @@ def profile_this_process(out: Path) -> None:
         owner = module if owner_name is None else getattr(module, owner_name)
         setattr(owner, name, timed(getattr(owner, name), f"{owner_name or module_name}.{name}"))
     gc.enable()
-    fork_server_here, serve = tasks.workers.fork_server_here, tasks.workers._serve
+    fork_server_here, serve = elastune.tasks.workers.fork_server_here, elastune.tasks.workers._serve
 
     def forked() -> bool:
         made = fork_server_here()
@@ -166,8 +166,8 @@ def profile_this_process(out: Path) -> None:
         start_sampling()
         return serve(*args)
 
-    tasks.workers.fork_server_here = forked
-    tasks.workers._serve = worker
+    elastune.tasks.workers.fork_server_here = forked
+    elastune.tasks.workers._serve = worker
 
 
 def merged(dumps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -253,8 +253,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.child:
         profile_this_process(Path(args.child[0]))
-        sys.argv = ["flows.cli", "run", args.child[1]]
-        runpy.run_module("flows.cli", run_name="__main__")
+        sys.argv = ["elastune.flows.cli", "run", args.child[1]]
+        runpy.run_module("elastune.flows.cli", run_name="__main__")
         return 0
     result = run(args.seconds)
     print(f"{result['epochs']} epochs in {args.seconds:g} s, first at {result['first_epoch_s']} s")

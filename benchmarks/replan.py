@@ -7,11 +7,11 @@ played in ``--worlds`` worlds: one draw of the truth's stragglers and startup de
 (the simulator with one sample and the world's seed), the same draws for the three runs:
 
 - **static**: the plan made with the wrong profile, kept to the end;
-- **re-planned**: the start elastune runs, :func:`~planners.cost.recourse.recourse_start`'s
+- **re-planned**: the start elastune runs, :func:`~elastune.planners.cost.recourse.recourse_start`'s
   plan (its first stage chosen for the re-planning to come); after the first wave of a
   stage that runs in waves and at each stage barrier, the segments measured so far (and
-  those still running, censored) update a :class:`~planners.cost.estimate.ProfileEstimate`
-  and a :class:`~planners.cost.replan.Replanner` keeps or changes the remaining work;
+  those still running, censored) update a :class:`~elastune.planners.cost.estimate.ProfileEstimate`
+  and a :class:`~elastune.planners.cost.replan.Replanner` keeps or changes the remaining work;
 - **informed**: the re-planned run's start and moments, each decision made with the true
   profile: what a perfect estimate would buy, a bound on what better estimation can do
   at these moments (a diagnostic);
@@ -46,16 +46,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from planners.cost.allocation import AllocationPlan, StagePlan
-from planners.cost.catalog import Catalog, read_catalog
-from planners.cost.draws import DURATION
-from planners.cost.estimate import ProfileEstimate, Running
-from planners.cost.held import Held
-from planners.cost.recourse import first_options, recourse_start, start_on
-from planners.cost.replan import Replanner, first_wave, part
-from planners.cost.rubberband import RubberBand
-from planners.cost.simulate import PlanSimulator
-from planners.staging import Profile, Stage, place
+from elastune.planners.cost.allocation import AllocationPlan, StagePlan
+from elastune.planners.cost.catalog import Catalog, read_catalog
+from elastune.planners.cost.draws import DURATION
+from elastune.planners.cost.estimate import ProfileEstimate, Running
+from elastune.planners.cost.held import Held
+from elastune.planners.cost.recourse import first_options, recourse_start, start_on
+from elastune.planners.cost.replan import Replanner, first_wave, part
+from elastune.planners.cost.rubberband import RubberBand
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.staging import Profile, Stage, place
 
 TYPES = ["g5.xlarge", "g5.12xlarge"]
 JOB = [Stage(0, 0, 27, 0, 1), Stage(0, 1, 9, 1, 3), Stage(0, 2, 3, 3, 9), Stage(0, 3, 1, 9, 27)]
@@ -123,7 +123,7 @@ def play(
     trial on the slot it freed (:func:`_first_wave`): those run on where they are, and a
     decision that changes the stage's trials not begun plays the rest of the run in a world
     of its own from then on, the trials running drawn given the time they have run
-    (``planners.cost.held``). Returns the JCT, the cost and how many decisions changed the
+    (``elastune.planners.cost.held``). Returns the JCT, the cost and how many decisions changed the
     plan."""
     totals = {(s.bracket, s.rung): s.trials for s in plan.chains[0]}
     leg = _Leg(world)

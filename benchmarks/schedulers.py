@@ -44,12 +44,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.baselines import PrunerScheduler, Repeat  # noqa: E402
-from planners.search import Scheduler  # noqa: E402
-from planners.search.schedulers import Hyperband, SuccessiveHalving  # noqa: E402
-from planners.sim import LCBenchTable, SimulatedRun, simulate  # noqa: E402
-from planners.sim.lcbench import tasks  # noqa: E402
-from planners.spec import JobSpec, load_job  # noqa: E402
-from planners.spec.geometry import hyperband_brackets, sha_bracket  # noqa: E402
+from elastune.planners.search import Scheduler  # noqa: E402
+from elastune.planners.search.schedulers import Hyperband, SuccessiveHalving  # noqa: E402
+from elastune.planners.sim import LCBenchTable, SimulatedRun, simulate  # noqa: E402
+from elastune.planners.sim.lcbench import tasks  # noqa: E402
+from elastune.planners.spec import JobSpec, load_job  # noqa: E402
+from elastune.planners.spec.geometry import hyperband_brackets, sha_bracket  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 JOB = ROOT / "examples" / "lcbench.yaml"

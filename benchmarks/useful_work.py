@@ -4,7 +4,7 @@ The same trainable (a two-layer MLP on a synthetic 8-class problem made in memor
 scikit-learn, 12000 training and 4000 validation rows, so no download), the same search space
 and the same budget from the command's start, under:
 
-- elastune's default: bloom + mf-tpe, ``compute.workers: W``, run as ``python -m flows.cli
+- elastune's default: bloom + mf-tpe, ``compute.workers: W``, run as ``python -m elastune.flows.cli
   run`` (Prefect's ephemeral server, MLflow and Optuna on SQLite) with ``max_trials: null``,
   and cut at the budget by the wall clock (SIGKILL of its process group), as Optuna's arm
   is: the budget counts from the command's start, ``budget.deadline`` from the job's, a few
@@ -164,7 +164,7 @@ def optuna_arm(seed: int, workers: int, budget: float) -> None:
     """Optuna's own loop on the same space: TPE + Hyperband pruning, ``n_jobs=workers``."""
     import optuna
 
-    from planners.spec import distributions, parse_job
+    from elastune.planners.spec import distributions, parse_job
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     torch.set_num_threads(max(1, torch.get_num_threads() // workers))  # as flows/drive.py
@@ -192,7 +192,8 @@ def optuna_arm(seed: int, workers: int, budget: float) -> None:
 
 
 def suggest(trial: Any, name: str, distribution: Any) -> Any:
-    """``trial.suggest_*`` for one of :func:`planners.spec.distributions`' distributions."""
+    """``trial.suggest_*`` for one of :func:`elastune.planners.spec.distributions`'
+    distributions."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
     d = distribution
@@ -302,7 +303,7 @@ def measure(
         stores = folder / f"stores-{seed}"
         stores.mkdir()
         job = job_file(stores, seed, workers)
-        command = [sys.executable, "-m", "flows.cli", "run", str(job), "--json"]
+        command = [sys.executable, "-m", "elastune.flows.cli", "run", str(job), "--json"]
     else:
         command = [sys.executable, __file__, "--optuna-arm", str(seed)]
         command += ["--workers", str(workers), "--budget", str(budget)]
@@ -370,7 +371,8 @@ def prepare(home: Path) -> None:
     checkout's code, in a process of their own)."""
     home.mkdir(parents=True, exist_ok=True)
     made = (
-        "import sys, pathlib, infra.server as i, tasks.tracking as t, tasks.study_storage as s;"
+        "import sys, pathlib, elastune.infra.server as i, elastune.tasks.tracking as t, "
+        "elastune.tasks.study_storage as s;"
         "home = pathlib.Path(sys.argv[1]); i.new_database(home / 'prefect.db');"
         "t.new_store(home / 'mlflow.db'); s.driver_storage(f'sqlite:///{home}/optuna.db')"
     )

@@ -23,7 +23,7 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-from tasks.context import TrialContext
+from elastune.tasks.context import TrialContext
 
 CLASSES = 10
 SHAPE = (3, 32, 32)

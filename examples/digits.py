@@ -20,8 +20,8 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from tasks.context import TrialContext
-from tasks.distributed import mean_across_ranks
+from elastune.tasks.context import TrialContext
+from elastune.tasks.distributed import mean_across_ranks
 
 
 @lru_cache(maxsize=1)

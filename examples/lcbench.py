@@ -1,7 +1,7 @@
 """A trainable that replays an LCBench learning curve instead of training.
 
-The YAHPO Gym surrogate (``planners.sim.lcbench``) predicts each epoch's validation accuracy
-for the configuration; this trainable reports those values epoch by epoch and checkpoints
+The YAHPO Gym surrogate (``elastune.planners.sim.lcbench``) predicts each epoch's validation
+accuracy for the configuration; this trainable reports those values epoch by epoch and checkpoints
 its progress, so a whole job of ``examples/lcbench.yaml`` runs through Prefect, MLflow and
 Optuna in seconds, with real promotions resuming from checkpoints. The OpenML task comes
 from ``$LCBENCH_TASK`` (default 3945).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from planners.sim import LCBenchSurrogate
+from elastune.planners.sim import LCBenchSurrogate
 
 
 def train(config: dict[str, Any], ctx: Any) -> None:

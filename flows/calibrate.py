@@ -1,5 +1,5 @@
 """What one slot of this machine does in a real run, measured by running the job: the
-second half of ``elastune profile`` (the first, :func:`tasks.profile.measure`, times units
+second half of ``elastune profile`` (the first, :func:`elastune.tasks.profile.measure`, times units
 in-process, one trial alone, and gives their spread and the device shares).
 
 Small jobs run through the real machinery (Prefect, MLflow, Optuna, the job's pool), each
@@ -7,7 +7,7 @@ as ``elastune run`` in a fresh process, so that each pays the cold start a real 
 (imports, the first model and data, the first dispatch): the job cut down to one SHA rung
 of ``r`` resource units, ``n x slots`` trials of the random sampler (``n`` waves of
 segments, every slot busy, torch's threads shared as in a run), not planned, its stores in
-a throwaway folder. The slots are the plan's (:func:`planners.cost.local.local_slots`): the
+a throwaway folder. The slots are the plan's (:func:`elastune.planners.cost.local.local_slots`): the
 CUDA devices of a local job's machine, else ``compute.workers``; one segment per slot, so
 that ``t`` is a whole slot's, the profile's share 1. (With ``compute.workers`` segments on
 one GPU, ``t`` would be a quarter share's time taken for a whole GPU's: on an H100 the plan
@@ -68,10 +68,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import yaml
 
-from flows.compiled import local_devices
-from flows.ephemeral import watchdog
-from planners.cost.local import local_slots
-from planners.spec import JobSpec, SpecError
+from elastune.flows.compiled import local_devices
+from elastune.flows.ephemeral import watchdog
+from elastune.planners.cost.local import local_slots
+from elastune.planners.spec import JobSpec, SpecError
 
 REPEATS = 3  # runs of each calibration job: a median, and a job's run-to-run spread
 UNITS_S = 1.25  # seconds the longer units add to a segment, by the in-process timing
@@ -139,7 +139,7 @@ def run_elsewhere(job: JobSpec, folder: Path) -> tuple[float, float]:
     trainable is imported from); its wall seconds, and those after its last segment."""
     path = folder / "job.yaml"
     path.write_text(yaml.safe_dump(job.model_dump(mode="json")))
-    command = [sys.executable, "-m", "flows.cli", "run", str(path), "--json"]
+    command = [sys.executable, "-m", "elastune.flows.cli", "run", str(path), "--json"]
     with subprocess.Popen(command, stdout=PIPE, stderr=PIPE, text=True) as run:
         # A profile killed, even by SIGKILL, leaves no run of its own running, nor its folder.
         stand_down = watchdog(run.pid, leftovers=[folder])

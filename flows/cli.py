@@ -18,12 +18,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.collector import exit_uncollected, start_uncollected
-from infra.sizing import InfraError
-from planners.spec import JobSpec, SpecError, load_job
+from elastune.flows import api
+from elastune.flows.collector import exit_uncollected
+from elastune.infra.sizing import InfraError
+from elastune.planners.spec import JobSpec, SpecError, load_job
 
 if TYPE_CHECKING:
-    from planners.cost import Catalog, PlanReport
+    from elastune.planners.cost import Catalog, PlanReport
 
 BAD_INPUT, FAILED = 2, 1
 ERROR_LINES = 12  # of a failed trial's error shown when every trial failed
@@ -36,30 +37,6 @@ class UsageError(SpecError):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own exit code 2, one line
         raise UsageError(f"{self.prog}: {message}")
-
-
-def _quiet_defaults() -> None:
-    # Prefect reads its settings at import: set quiet defaults first, users may override.
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "WARNING")
-    # The flow run's logger still tells the job's story to the run's Logs tab (INFO); the
-    # terminal shows only what PREFECT_LOGGING_LEVEL lets through.
-    os.environ.setdefault("PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL", "INFO")
-    os.environ.setdefault(
-        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", os.environ["PREFECT_LOGGING_LEVEL"]
-    )
-    # The local server migrates a fresh database first: 20 s is too little on a busy laptop.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    # torch asks NVML whether there is a GPU, not CUDA itself: the command stays fit to
-    # fork its workers' server even when a trainable asks at import (tasks/workers.py).
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    # Checkpoint downloads would each draw a progress bar over ours.
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    # Trainables are referenced as module:function relative to where the user runs.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
 
 
 def _emit(payload: dict[str, Any], as_json: bool, human: Callable[[dict[str, Any]], None]) -> None:
@@ -107,81 +84,49 @@ def _print_run(summary: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     spec = _load(args)
-    from flows.ephemeral import early_server
+    announced: list[str] = []
 
-    # The server starts while the rest is imported and checked.
-    with start_uncollected() as started, early_server() as server_ready:
-        from tasks.trainable import load_trainable
-
-        load_trainable(spec.trainable)  # import errors are bad input: fail before creating anything
-        from flows.job import check_stores, new_job_id
-
-        check_stores(spec)
-        from flows.tune import tune_spec
-
-        job_id = new_job_id(spec.name)
+    def announce(job_id: str) -> None:
+        announced.append(job_id)
         print(f"job {job_id}", file=sys.stderr, flush=True)
-        server_ready()
-        started()
-        _fork_server(spec)
-        return _finish(job_id, lambda: tune_spec(spec, job_id), args.json)
+
+    return _finish(announced, lambda: api.run_spec(spec, announce), args.json)
 
 
-def _fork_server(spec: JobSpec) -> None:
-    """A local job's workers fork from this process, its imports done, the trainable's
-    among them (tasks/workers.py)."""
-    if spec.compute.pool == "local":
-        from tasks.trainable import load_trainable
-        from tasks.workers import fork_server_here
-
-        load_trainable(spec.trainable)
-        fork_server_here()
-
-
-def _quiet_optuna() -> None:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def _finish(job_id: str, run: Callable[[], dict[str, Any]], as_json: bool) -> int:
-    _quiet_optuna()
+def _finish(announced: list[str], run: Callable[[], dict[str, Any]], as_json: bool) -> int:
+    """Run the job and print its summary; a job that failed (not bad input) is exit 1."""
     try:
         summary = run()
     except (SpecError, InfraError):
         raise
     except Exception as exc:
-        print(f"job {job_id} failed: {exc}", file=sys.stderr)
+        if not announced:  # it failed before it had a job id
+            raise
+        print(f"job {announced[0]} failed: {exc}", file=sys.stderr)
         return FAILED
     _emit(summary, as_json, _print_run)
-    if summary.get("error"):  # every trial failed
+    if summary.get("already_finished"):
+        at = summary["finished_at"]
+        print(f"job {summary['job_id']} finished at {at}: nothing to resume", file=sys.stderr)
+    elif summary.get("error"):  # every trial failed
         tail = "\n".join(summary["error"].splitlines()[-ERROR_LINES:])
+        job_id = announced[0]
         print(f"job {job_id} failed: every trial failed; the first:\n{tail}", file=sys.stderr)
         return FAILED
     return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from flows.stored import stored_job
+    announced: list[str] = []
 
-    # The study answers before Prefect starts: an unknown job id or a finished job at once.
-    stored = stored_job(args.job_id, args.storage, "--storage")
-    done = stored.already_finished()
-    if done is not None:
-        at = done["finished_at"]
-        print(f"job {args.job_id} finished at {at}: nothing to resume", file=sys.stderr)
-        _emit(done, args.json, _print_run)
-        return 0
-    from flows.ephemeral import early_server
+    def announce(job_id: str) -> None:
+        announced.append(job_id)
+        print(f"job {job_id}", file=sys.stderr, flush=True)
 
-    with start_uncollected() as started, early_server() as server_ready:
-        from flows.tune import resume
+    def resume() -> dict[str, Any]:
+        return api.resume_job(args.job_id, args.storage, "--storage", announce)
 
-        print(f"job {args.job_id}", file=sys.stderr, flush=True)
-        server_ready()
-        started()
-        _fork_server(stored.spec)
-        return _finish(args.job_id, lambda: resume(args.job_id, args.storage), args.json)
+    return _finish(announced, resume, args.json)
 
 
 # --- plan -------------------------------------------------------------------------------
@@ -189,19 +134,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     spec = _load(args)
-    from planners.cost import plan_job, read_catalog
-
-    catalog = read_catalog(args.catalog) if args.catalog else None
     if args.gantt:
         _check_gantt(args.gantt)
-    from flows.compiled import local_devices
+    from elastune.planners.cost import read_catalog
 
-    # A job on this machine is planned on its slots: its CUDA devices, else compute.workers.
-    # As `run` plans it: a job RubberBand plans is re-planned in flight.
-    devices = local_devices(spec)
-    report = plan_job(spec, planner=args.planner, catalog=catalog, devices=devices, replanned=True)
+    catalog = read_catalog(args.catalog) if args.catalog else None
+    report = api.plan_report(spec, args.planner, catalog)
     if args.gantt:
-        from planners.cost.gantt import draw_gantt
+        from elastune.planners.cost.gantt import draw_gantt
 
         draw_gantt(report, args.gantt)
     _emit(report.to_dict(), args.json, lambda _: _print_plan(report))
@@ -215,8 +155,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _run_mode(spec: JobSpec, catalog: Catalog | None, report: PlanReport | None) -> str:
     """The mode line of ``elastune run`` for this job."""
-    from flows.compiled import compile_job
-    from tasks.trainable import TrainableError
+    from elastune.flows.compiled import compile_job
+    from elastune.tasks.trainable import TrainableError
 
     try:
         return str(compile_job(spec, catalog=catalog, report=report).execution.mode)
@@ -288,7 +228,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     folder = Path(args.out).resolve().parent if args.out else None
     if folder is not None and not folder.is_dir():  # found before minutes of measuring
         raise UsageError(f"--out {args.out}: folder {folder} does not exist")
-    _quiet_optuna()
+    api.quiet_optuna()
     # SIGTERM (`timeout`, a service manager) ends it as Ctrl-C does: its calibration run
     # stopped and its throwaway folder removed, not left behind.
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -310,11 +250,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def _measure(spec: JobSpec, args: argparse.Namespace) -> dict[str, Any]:
     """Units timed in this process, then calibrated by small real runs (unless
     ``--no-calibrate``)."""
-    from tasks.profile import measure
+    from elastune.tasks.profile import measure
 
     result = measure(spec, units=args.units, shares=args.shares)
     if not args.no_calibrate:
-        from flows.calibrate import calibrate
+        from elastune.flows.calibrate import calibrate
 
         # A slot's unit time and the overheads, measured through the real flow, anchor the
         # in-process timings (docs/cli.md, profile).
@@ -344,15 +284,15 @@ def profile_yaml(profile: dict[str, Any]) -> str:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    spec = _load(args)
-    from planners.sim import Preemption, format_report, simulate_job
+    report = api.simulate(
+        _load(args),
+        args.benchmark,
+        workers=args.workers,
+        seeds=args.seeds,
+        preemptions_per_hour=args.preemptions_per_hour,
+    )
+    from elastune.planners.sim import format_report
 
-    _quiet_optuna()
-    workers = spec.compute.workers if args.workers is None else args.workers
-    if not args.preemptions_per_hour >= 0:  # NaN too
-        raise UsageError(f"--preemptions-per-hour must be >= 0, got {args.preemptions_per_hour}")
-    preemption = Preemption(args.preemptions_per_hour) if args.preemptions_per_hour else None
-    report = simulate_job(spec, args.benchmark, workers, args.seeds, preemption=preemption)
     _emit(report, args.json, lambda r: print(format_report(r)))
     return 0
 
@@ -424,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     again.add_argument("job_id", help="the id printed as `job <ID>`")
     again.add_argument(
         "--storage",
-        default="sqlite:///.elastune/optuna.db",
+        default=api.DEFAULT_STORAGE,
         help="the job's Optuna storage (tracking.optuna_storage)",
     )
     again.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
@@ -450,7 +390,7 @@ def _job_command(
 
 def main(argv: Sequence[str] | None = None) -> int:
     exit_uncollected()  # before the imports: the shell gets its prompt back 2-3 s sooner
-    _quiet_defaults()
+    api.quiet_defaults()
     try:
         args = build_parser().parse_args(argv)
         return args.handler(args)

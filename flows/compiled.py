@@ -1,13 +1,13 @@
 """A job compiled for this driver, once: its spec, its trainable and its execution plan.
 
-The trainable is imported here (``tasks.trainable`` caches it for the rest of the process)
+The trainable is imported here (``elastune.tasks.trainable`` caches it for the rest of the process)
 and what it can do, with the CUDA devices of a local job, decides the execution plan
-(:func:`planners.execution.execution_plan`): the staged plan, the admission policy and the
+(:func:`elastune.planners.execution.execution_plan`): the staged plan, the admission policy and the
 mode. The tune and resume flows compile a job once, before they create anything;
 ``elastune plan`` compiles the job it priced to say which mode ``run`` would give it.
 
 Example (a SHA job without a profile: its plan's three stages, ``compute.workers`` at once):
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "tests.trainables:quadratic",
     ...     "metric": "val_accuracy", "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9}})
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planners.cost import Catalog, PlanReport
-from planners.execution import ExecutionPlan, execution_plan
-from planners.spec import JobSpec
-from tasks.train import cuda_devices
-from tasks.trainable import Trainable, load_trainable, supports_distributed
+from elastune.planners.cost import Catalog, PlanReport
+from elastune.planners.execution import ExecutionPlan, execution_plan
+from elastune.planners.spec import JobSpec
+from elastune.tasks.train import cuda_devices
+from elastune.tasks.trainable import Trainable, load_trainable, supports_distributed
 
 
 @dataclass(frozen=True)

@@ -24,18 +24,18 @@ from typing import Any
 import torch
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flows.forecast import HeldForecast
-from flows.job import Job
-from flows.launch import Launcher
-from flows.pools import PoolSizer, PoolTarget
-from flows.progress import JobProgress
-from flows.replan import InFlight
-from flows.results import finish, leaderboard
-from flows.story import Story
-from infra.sizing import RELEASE_STAGE, publish_sizing
-from planners.search.schedulers.base import Segment
-from planners.spec import SpecError
-from tasks.train import SegmentReport
+from elastune.flows.forecast import HeldForecast
+from elastune.flows.job import Job
+from elastune.flows.launch import Launcher
+from elastune.flows.pools import PoolSizer, PoolTarget
+from elastune.flows.progress import JobProgress
+from elastune.flows.replan import InFlight
+from elastune.flows.results import finish, leaderboard
+from elastune.flows.story import Story
+from elastune.infra.sizing import RELEASE_STAGE, publish_sizing
+from elastune.planners.search.schedulers.base import Segment
+from elastune.planners.spec import SpecError
+from elastune.tasks.train import SegmentReport
 
 
 def artifact_key(job_id: str, what: str) -> str:

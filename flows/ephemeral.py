@@ -5,7 +5,7 @@ With no ``PREFECT_API_URL``, Prefect starts a server subprocess the first time a
 needs it (``SubprocessASGIServer``); that takes seconds, only begins once the command has
 imported everything, and a command killed with SIGKILL left the server running.
 :func:`early_server` starts the same server (the same uvicorn command and environment, its
-app from :func:`infra.prefect_app.create_app`: Prefect's, its SQLite writes immediate)
+app from :func:`elastune.infra.prefect_app.create_app`: Prefect's, its SQLite writes immediate)
 before the command imports torch, MLflow and the flows, so the two overlap on separate
 cores, and points the command's Prefect settings at it once it answers. Before that, the
 command imports what the job imports later anyway (:data:`WARM`), however soon the server
@@ -25,7 +25,7 @@ later commands, as Prefect does its own.
 The server never outlives the command: a watchdog (``sh``) holds the read end of a pipe
 only the command writes to, and when the command dies, however it dies (SIGKILL included),
 the kernel closes the pipe, the watchdog reads end-of-file and stops the server. (A pipe
-rather than Linux's ``PR_SET_PDEATHSIG``, which ``infra.server`` uses for its test
+rather than Linux's ``PR_SET_PDEATHSIG``, which ``elastune.infra.server`` uses for its test
 servers: laptops run macOS too.) Server and watchdog have a session of their own, so a
 signal to the command's process group (Ctrl-C, ``timeout``) reaches the command alone,
 which still needs the server to end its flow run.
@@ -43,8 +43,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from infra.prefect_app import FACTORY
-from infra.server import free_port, stop_group, wait_healthy
+from elastune.infra.prefect_app import FACTORY
+from elastune.infra.server import free_port, stop_group, wait_healthy
 
 # The server's task-run recorder writes the runs' state events in batches, at most a
 # second late, instead of one transaction per event (Prefect's default): a segment's task
@@ -177,9 +177,7 @@ def start_server() -> tuple[int, subprocess.Popen, Callable[[], None]]:
     from prefect.settings import get_current_settings
 
     port = free_port()
-    # uvicorn finds the app's module in the folder that holds flows/ and infra/.
-    command = [sys.executable, "-m", "uvicorn", "--factory", FACTORY]
-    command += ["--app-dir", str(Path(__file__).resolve().parents[1]), "--lifespan", "on"]
+    command = [sys.executable, "-m", "uvicorn", "--factory", FACTORY, "--lifespan", "on"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "error"]
     settings = get_current_settings().to_environment_variables(exclude_unset=True)
     server = subprocess.Popen(

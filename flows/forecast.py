@@ -1,8 +1,8 @@
 """Forecast next to measurement: what a planned run's plan forecast, held against what it
 measured, per stage and in total (docs/cli.md, ``run --json``).
 
-The forecast is the cost planner's (:meth:`planners.cost.PlanReport.forecast`): each stage's
-end, seconds from the job's start (p50, p95), and the JCT and cost (p50, p95). The run notes
+The forecast is the cost planner's (:meth:`elastune.planners.cost.PlanReport.forecast`): each
+stage's end, seconds from the job's start (p50, p95), and the JCT and cost (p50, p95). The run notes
 when each stage ends; a stage's measured time runs from the end of the stage before it in
 its bracket (the job's start for the first) to its own end, and its measured cost is that
 time at what the plan's nodes of the stage cost per second. The measured JCT is the job's

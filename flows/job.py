@@ -1,5 +1,5 @@
 """A job as its driver holds it: the compiled job, its Optuna study and scheduler loop, its
-MLflow runs (:class:`flows.runs.TrialRuns`) and the tally of what it has done.
+MLflow runs (:class:`elastune.flows.runs.TrialRuns`) and the tally of what it has done.
 
 Every segment is journaled in the study when it is handed out, and every result as it
 arrives; the study also holds the spec and the parent run. So :meth:`Job.resume` rebuilds
@@ -16,17 +16,17 @@ from typing import Any
 
 import optuna
 
-from flows.compiled import CompiledJob
-from flows.runs import TrialRuns
-from flows.stored import FINISHED_ATTR, RUN_ATTR, SPEC_ATTR, StoredJob
-from planners.execution import ExecutionPlan
-from planners.search import StudyJournal, TuningLoop
-from planners.search.schedulers.base import Action, Decision, Segment
-from planners.spec import JobSpec, SpecError, make_sampler
-from tasks.stores import check_storage, first_use, local_uri
-from tasks.study_storage import driver_storage
-from tasks.tracking import Tracker, check_tracking_uri
-from tasks.train import JobRef, SegmentReport
+from elastune.flows.compiled import CompiledJob
+from elastune.flows.runs import TrialRuns
+from elastune.flows.stored import FINISHED_ATTR, RUN_ATTR, SPEC_ATTR, StoredJob
+from elastune.planners.execution import ExecutionPlan
+from elastune.planners.search import StudyJournal, TuningLoop
+from elastune.planners.search.schedulers.base import Action, Decision, Segment
+from elastune.planners.spec import JobSpec, SpecError, make_sampler
+from elastune.tasks.stores import check_storage, first_use, local_uri
+from elastune.tasks.study_storage import driver_storage
+from elastune.tasks.tracking import Tracker, check_tracking_uri
+from elastune.tasks.train import JobRef, SegmentReport
 
 
 class MetricNotReported(SpecError):

@@ -17,14 +17,14 @@ import queue
 import threading
 from typing import Any
 
-from flows.pools import Launched, PoolTarget
-from flows.segment import WorkerLost
-from flows.signals import HeldSignals
-from planners.search.schedulers.base import Segment
-from planners.spec import SpecError
-from planners.staging.devices import LocalDevices
-from tasks.train import JobRef, SegmentReport, release_devices, train_segment
-from tasks.workers import LocalWorkers
+from elastune.flows.pools import Launched, PoolTarget
+from elastune.flows.segment import WorkerLost
+from elastune.flows.signals import HeldSignals
+from elastune.planners.search.schedulers.base import Segment
+from elastune.planners.spec import SpecError
+from elastune.planners.staging.devices import LocalDevices
+from elastune.tasks.train import JobRef, SegmentReport, release_devices, train_segment
+from elastune.tasks.workers import LocalWorkers
 
 
 class Launcher:

@@ -10,10 +10,10 @@ from optuna.trial import TrialState
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from flows.job import SPEC_ATTR
-from flows.tune import tune_spec
-from planners.spec import JobSpec, contains, load_job
-from tasks.tracking import local_uri
+from elastune.flows.job import SPEC_ATTR
+from elastune.flows.tune import tune_spec
+from elastune.planners.spec import JobSpec, contains, load_job
+from elastune.tasks.tracking import local_uri
 
 
 def previous_best(spec: JobSpec, count: int) -> tuple[str | None, list[dict[str, Any]]]:

@@ -2,7 +2,7 @@
 through an infra backend (:class:`PoolSizer`).
 
 The pool's type picks how (docs/prefect-server.md, "A job in work-pool mode"): on a warm
-pool (type ``elastune-warm``, :class:`~flows.warm_pool.WarmPool`) each segment is a
+pool (type ``elastune-warm``, :class:`~elastune.flows.warm_pool.WarmPool`) each segment is a
 background task run sent to the warm worker of the node it is placed on; on a process or
 ECS pool (:class:`FlowRunPool`) it is a flow run of the pool's ``train-segment``
 deployment, a fresh process per segment.
@@ -10,12 +10,10 @@ deployment, a fresh process per segment.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from concurrent.futures import Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Protocol
 from uuid import UUID
 
@@ -27,30 +25,30 @@ from prefect.client.schemas.filters import (
     WorkPoolFilter,
 )
 from prefect.deployments import run_deployment
+from prefect.deployments.runner import EntrypointType
 from prefect.futures import PrefectFuture
 from prefect.runtime import task_run
 from prefect.states import Cancelling
 
-from flows.segment import (
+from elastune.flows.segment import (
     FLOW_NAME,
     WorkerLost,
     flow_parameters,
     train_segment_flow,
 )
-from flows.warm_pool import open_warm_pool
-from infra.backends import make_backend
-from infra.pools import read_pool, wait_for_worker
-from infra.sizing import Demand, InfraError, PoolBackend, SizingRecord
-from infra.template import gpu_job_variables
-from infra.warm_nodes import WARM_TYPE
-from planners.execution import ExecutionPlan
-from planners.search.schedulers.base import Segment
-from planners.spec import JobSpec, SpecError
-from planners.staging import Stage
-from tasks.tracking import Tracker
-from tasks.train import JobRef, SegmentReport, report_name
+from elastune.flows.warm_pool import open_warm_pool
+from elastune.infra.backends import make_backend
+from elastune.infra.pools import read_pool, wait_for_worker
+from elastune.infra.sizing import Demand, InfraError, PoolBackend, SizingRecord
+from elastune.infra.template import gpu_job_variables
+from elastune.infra.warm_nodes import WARM_TYPE
+from elastune.planners.execution import ExecutionPlan
+from elastune.planners.search.schedulers.base import Segment
+from elastune.planners.spec import JobSpec, SpecError
+from elastune.planners.staging import Stage
+from elastune.tasks.tracking import Tracker
+from elastune.tasks.train import JobRef, SegmentReport, report_name
 
-ROOT = Path(__file__).resolve().parent.parent
 # Seconds to wait for a worker polling the pool (or a node with room) before giving up.
 WORKER_TIMEOUT = float(os.environ.get("ELASTUNE_WORKER_TIMEOUT", "30"))
 
@@ -88,9 +86,12 @@ class FlowRunPool(PoolTarget):
     deployment: UUID
     gpu_variables: bool
     backend: PoolBackend
+    working_dir: str | None = None  # a process pool's: where the driver finds the trainable
     queues: ClassVar[bool] = False  # a flow run per segment: nothing waits on a node
 
     def job_variables(self, gpus_per_trial: float, instance_type: str | None) -> dict[str, str]:
+        if self.working_dir is not None:
+            return {"working_dir": self.working_dir}
         return gpu_job_variables(gpus_per_trial, instance_type) if self.gpu_variables else {}
 
     def submit(
@@ -137,14 +138,16 @@ def open_pool(spec: JobSpec) -> PoolTarget:
     wait_for_worker(pool, WORKER_TIMEOUT)
     variables = set(work_pool.base_job_template.get("variables", {}).get("properties", {}))
     print(f"pool: {pool}, a flow run per segment ({work_pool.type} workers)", file=sys.stderr)
-    return FlowRunPool(
-        pool, segment_deployment(pool, work_pool.type), "gpu_count" in variables, backend
-    )
+    # A process worker runs each segment where the driver runs, so the trainable imports
+    # there as it does here.
+    working_dir = os.getcwd() if work_pool.type == "process" else None
+    deployment = segment_deployment(pool, work_pool.type)
+    return FlowRunPool(pool, deployment, "gpu_count" in variables, backend, working_dir)
 
 
 def segment_deployment(pool: str, pool_type: str) -> UUID:
     """The pool's ``train-segment`` deployment. A process pool on this machine gets one
-    registered from the project's source; any other pool must have one deployed."""
+    registered from the installed package; any other pool must have one deployed."""
     with get_client(sync_client=True) as client:
         found = client.read_deployments(
             flow_filter=FlowFilter(name={"any_": [FLOW_NAME]}),
@@ -157,12 +160,10 @@ def segment_deployment(pool: str, pool_type: str) -> UUID:
             f"compute.pool: no {FLOW_NAME} deployment on {pool_type} pool {pool!r}; "
             "deploy one with `prefect deploy --all` (see prefect.yaml)"
         )
-    source = train_segment_flow.from_source(str(ROOT), "flows/segment.py:train_segment_flow")
-    # deploy() prints a table on stdout, which belongs to --json alone.
-    with contextlib.redirect_stdout(sys.stderr):
-        return source.deploy(
-            name=pool, work_pool_name=pool, print_next_steps=False, ignore_warnings=True
-        )
+    deployment = train_segment_flow.to_deployment(
+        name=pool, work_pool_name=pool, entrypoint_type=EntrypointType.MODULE_PATH
+    )
+    return deployment.apply()
 
 
 class PoolSizer:

@@ -1,15 +1,15 @@
 """A planned job re-planned while it runs (docs/algorithms.md §5.8): the driver's side of
-``planners.cost.replan``.
+``elastune.planners.cost.replan``.
 
 :class:`InFlight` times every segment from its start to its report (on a work pool, at most
 its own time on its worker plus the profile's overhead: not the wait for a node), feeds the
-seconds to the job's :class:`~planners.cost.estimate.ProfileEstimate`, and asks the
-:class:`~planners.cost.replan.Replanner` whether to keep the plan of the work left at two
+seconds to the job's :class:`~elastune.planners.cost.estimate.ProfileEstimate`, and asks the
+:class:`~elastune.planners.cost.replan.Replanner` whether to keep the plan of the work left at two
 moments of every stage: when as many of its segments have finished as started before its
 first one finished (its first wave, if it has more: the stage's slots, or as many segments
 as a packed stage fits on its GPUs) and when it is done (if stages are left). Each decision
 is told the segments still running, with the time each has run: they end where they run
-(``planners.cost.held``), the plan sizes the trials not begun, and the speed it is priced
+(``elastune.planners.cost.held``), the plan sizes the trials not begun, and the speed it is priced
 at counts them as they will likely end (``ProfileEstimate.censored``). A changed plan sets
 the concurrency, GPUs per trial and instance type of the stages left in the job's execution
 plan, which admission reads (a packed job's stage packer packs a changed stage's segments
@@ -30,20 +30,20 @@ import dataclasses
 import time
 from typing import Any
 
-from flows.job import Job
-from flows.story import Story
-from planners.cost.allocation import AllocationPlan, StagePlan
-from planners.cost.estimate import ProfileEstimate, Running
-from planners.cost.held import Held
-from planners.cost.job import instance_types, job_profile
-from planners.cost.replan import Decision, Replanner, left_to_run, under_way
-from planners.cost.report import PlanReport, StageAllocation, rows_for
-from planners.cost.sizing import per_node
-from planners.search.schedulers.base import Segment
-from planners.staging.admission import StageSlots
-from planners.staging.plan import allocate, compile_plan
-from planners.staging.stagepack import StagePacker
-from tasks.train import SegmentReport
+from elastune.flows.job import Job
+from elastune.flows.story import Story
+from elastune.planners.cost.allocation import AllocationPlan, StagePlan
+from elastune.planners.cost.estimate import ProfileEstimate, Running
+from elastune.planners.cost.held import Held
+from elastune.planners.cost.job import instance_types, job_profile
+from elastune.planners.cost.replan import Decision, Replanner, left_to_run, under_way
+from elastune.planners.cost.report import PlanReport, StageAllocation, rows_for
+from elastune.planners.cost.sizing import per_node
+from elastune.planners.search.schedulers.base import Segment
+from elastune.planners.staging.admission import StageSlots
+from elastune.planners.staging.plan import allocate, compile_plan
+from elastune.planners.staging.stagepack import StagePacker
+from elastune.tasks.train import SegmentReport
 
 AT_RISK_TAG = "elastune.deadline_at_risk"
 

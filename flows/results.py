@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from prefect import get_run_logger
 
-from flows.forecast import CONTRADICTS, HeldForecast
-from flows.job import Job
-from flows.story import Story, readable
-from planners.search import Best
-from planners.search.schedulers.base import Action, rank_key
-from tasks.context import TrialContext
+from elastune.flows.forecast import CONTRADICTS, HeldForecast
+from elastune.flows.job import Job
+from elastune.flows.story import Story, readable
+from elastune.planners.search import Best
+from elastune.planners.search.schedulers.base import Action, rank_key
+from elastune.tasks.context import TrialContext
 
 
 def leaderboard(job: Job) -> list[dict[str, Any]]:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from planners.search.schedulers.base import Action, Decision, Segment
-from planners.spec import JobSpec
-from tasks.tracking import Tracker, flatten
-from tasks.train import report_name
+from elastune.planners.search.schedulers.base import Action, Decision, Segment
+from elastune.planners.spec import JobSpec
+from elastune.tasks.tracking import Tracker, flatten
+from elastune.tasks.train import report_name
 
 # The status a trial's run ends with when the scheduler ends the trial.
 ENDS = {Action.STOP: "FINISHED", Action.COMPLETE: "FINISHED", Action.FAIL: "FAILED"}

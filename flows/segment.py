@@ -1,8 +1,8 @@
 """Where a work-pool segment trains: a warm node worker (``warm_segment``) or a flow run.
 
 Warm workers (docs/prefect-server.md, "A job in work-pool mode"): each node runs one
-long-lived Prefect task worker, ``python -m flows.segment --pool POOL --node NAME --gpus G``,
-that serves the background task ``warm-segment`` under a task key of its own
+long-lived Prefect task worker, ``python -m elastune.flows.segment --pool POOL --node NAME --gpus
+G``, that serves the background task ``warm-segment`` under a task key of its own
 (:func:`node_key`), so the driver decides which node a segment goes to. Segments run in
 threads of that process: imports, data and a CUDA context are paid once per node. A segment
 the driver queued behind others waits for the node's GPUs (:class:`GpuGate`). The
@@ -45,12 +45,12 @@ from prefect.context import AsyncClientContext, SyncClientContext
 from prefect.task_worker import StopTaskWorker, TaskWorker
 from prefect.tasks import Task
 
-from flows.collector import exit_uncollected
-from infra.warm_nodes import HEARTBEAT_SECONDS, Node
-from planners.search import Segment
-from planners.staging.devices import LocalDevices
-from planners.staging.placement import fits
-from tasks.train import JobRef, cuda_devices, release_devices, run_segment
+from elastune.flows.collector import exit_uncollected
+from elastune.infra.warm_nodes import HEARTBEAT_SECONDS, Node
+from elastune.planners.search import Segment
+from elastune.planners.staging.devices import LocalDevices
+from elastune.planners.staging.placement import fits
+from elastune.tasks.train import JobRef, cuda_devices, release_devices, run_segment
 
 FLOW_NAME = "train-segment"
 

@@ -9,9 +9,9 @@ from typing import Any, NamedTuple
 
 import optuna
 
-from planners.spec import JobSpec, SpecError, parse_job
-from tasks.stores import OPTUNA_TABLE, check_storage, local_uri, sqlite_path, sqlite_tables
-from tasks.study_storage import driver_storage
+from elastune.planners.spec import JobSpec, SpecError, parse_job
+from elastune.tasks.stores import OPTUNA_TABLE, check_storage, local_uri, sqlite_path, sqlite_tables
+from elastune.tasks.study_storage import driver_storage
 
 # Where a job keeps what resume needs: the spec and parent run on the study, each trial's
 # MLflow run on its Optuna trial; and, once it finished, when and its summary.

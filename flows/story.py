@@ -26,11 +26,11 @@ from typing import Any
 
 from prefect import get_run_logger
 
-from flows.job import Job
-from infra.sizing import SizingRecord
-from planners.cost.replan import Decision as ReplanDecision
-from planners.cost.report import format_duration
-from planners.search.schedulers.base import Action, Decision, Segment
+from elastune.flows.job import Job
+from elastune.infra.sizing import SizingRecord
+from elastune.planners.cost.replan import Decision as ReplanDecision
+from elastune.planners.cost.report import format_duration
+from elastune.planners.search.schedulers.base import Action, Decision, Segment
 
 DIGITS = 4  # significant digits of a metric or a configuration value
 PAST = {

@@ -4,7 +4,7 @@
 the parsed job (what ``elastune run`` passes, having parsed it once). Both run
 :func:`run_job`: compile the job (its trainable, its execution plan), open its work pool
 (on a warm pool, segments are handed out ahead), create its study and parent run, and drive
-it (:mod:`flows.drive`).
+it (:mod:`elastune.flows.drive`).
 
 Each flow run is named after its job id, which the UI lists it by: from the start when the
 caller made the id (the CLI, ``resume``), else (a deployment's run) once the flow has made it.
@@ -28,13 +28,13 @@ from prefect.runtime import flow_run
 from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.compiled import CompiledJob, compile_job
-from flows.drive import drive
-from flows.job import Job, new_job_id
-from flows.pools import PoolSizer, PoolTarget, open_pool
-from flows.stored import stored_job
-from infra.sizing import InfraError
-from planners.spec import MAX_WORKERS, JobSpec, SpecError, load_job
+from elastune.flows.compiled import CompiledJob, compile_job
+from elastune.flows.drive import drive
+from elastune.flows.job import Job, new_job_id
+from elastune.flows.pools import PoolSizer, PoolTarget, open_pool
+from elastune.flows.stored import stored_job
+from elastune.infra.sizing import InfraError
+from elastune.planners.spec import MAX_WORKERS, JobSpec, SpecError, load_job
 
 # The driver's segments in flight, a thread each; Prefect runs a copy per flow run.
 DRIVER_RUNNER = ThreadPoolTaskRunner(max_workers=MAX_WORKERS)

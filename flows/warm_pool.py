@@ -1,6 +1,6 @@
 """Warm pools (type ``elastune-warm``): each segment is a background task run sent to the
 warm worker of the node it is placed on (docs/prefect-server.md, "A job in work-pool
-mode"; the node's side is :mod:`flows.segment`).
+mode"; the node's side is :mod:`elastune.flows.segment`).
 
 The driver places a segment, best fit, on a live node with room for its GPUs, or when no
 node has room, in the queue of one (a node holds as many GPUs' worth again, and trains them
@@ -34,15 +34,15 @@ from prefect.states import Crashed
 from prefect.tasks import Task
 from prefect.utilities.asyncutils import run_coro_as_sync
 
-from flows.segment import (
+from elastune.flows.segment import (
     WorkerLost,
     keyed,
     node_key,
     warm_segment,
 )
-from infra.backends import make_backend
-from infra.sizing import InfraError, PoolBackend
-from infra.warm_nodes import (
+from elastune.infra.backends import make_backend
+from elastune.infra.sizing import InfraError, PoolBackend
+from elastune.infra.warm_nodes import (
     HEARTBEAT_SECONDS,
     WARM_TYPE,
     Node,
@@ -50,11 +50,11 @@ from infra.warm_nodes import (
     live_nodes,
     unfinished_runs,
 )
-from planners.search.schedulers.base import Segment
-from planners.spec import MAX_WORKERS, EcsSpec
-from planners.staging.placement import best_fit
-from tasks.tracking import Tracker
-from tasks.train import JobRef, SegmentReport, report_name
+from elastune.planners.search.schedulers.base import Segment
+from elastune.planners.spec import MAX_WORKERS, EcsSpec
+from elastune.planners.staging.placement import best_fit
+from elastune.tasks.tracking import Tracker
+from elastune.tasks.train import JobRef, SegmentReport, report_name
 
 # How often a driver waiting for room on a node looks again.
 POLL_SECONDS = 0.5
@@ -191,7 +191,7 @@ def open_warm_pool(
     if "default" not in storage:
         raise InfraError(
             f"compute.pool: warm pool {pool!r} names no parameter storage "
-            "(create it with `python -m infra.local_cluster` or docs/ecs.md)"
+            "(create it with `python -m elastune.infra.local_cluster` or docs/ecs.md)"
         )
     options = {"pool_type": WARM_TYPE} | (ecs.model_dump() if ecs else {})
     backend = make_backend("ecs" if ecs else "local", pool, **options)
@@ -203,7 +203,8 @@ def open_warm_pool(
         if time.monotonic() > deadline:
             raise InfraError(
                 f"compute.pool: no warm worker of pool {pool!r} alive within "
-                f"{worker_timeout:g} s; start one with `python -m flows.segment --pool {pool}`"
+                f"{worker_timeout:g} s; start one with "
+                f"`python -m elastune.flows.segment --pool {pool}`"
             )
         time.sleep(POLL_SECONDS)
     return WarmPool(pool, block, backend, placer, worker_timeout)

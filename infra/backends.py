@@ -3,8 +3,8 @@ one ECS task per segment, or on a warm pool, warm workers drained before a scale
 
 Example (needs a Prefect server with a process pool ``local-proc`` and a worker)::
 
-    from infra.backends import make_backend
-    from infra.sizing import publish_sizing
+    from elastune.infra.backends import make_backend
+    from elastune.infra.sizing import publish_sizing
 
     backend = make_backend("local", "local-proc")
     try:
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from infra.pools import WorkPoolLimit
-from infra.sizing import PoolBackend
-from infra.warm_nodes import WARM_TYPE
+from elastune.infra.pools import WorkPoolLimit
+from elastune.infra.sizing import PoolBackend
+from elastune.infra.warm_nodes import WARM_TYPE
 
 if TYPE_CHECKING:
     from prefect_aws import AwsCredentials
@@ -47,8 +47,8 @@ def ecs_backend(
     """Sizes the EC2 capacity of ``cluster`` and the limit of ``pool``: an ``ecs`` pool (an
     ECS task per segment), or a warm pool whose workers run on the cluster's instances."""
     # boto3 and prefect-aws take 0.4 s to import: a job without ECS never does.
-    from infra.ecs import EcsCapacity
-    from infra.ecs_warm import WarmCapacity
+    from elastune.infra.ecs import EcsCapacity
+    from elastune.infra.ecs_warm import WarmCapacity
 
     capacity = EcsCapacity(cluster, capacity_providers, credentials, region)
     if pool_type == WARM_TYPE:

@@ -3,8 +3,8 @@
 Each EC2 capacity provider of the cluster is backed by one Auto Scaling group that
 launches one GPU instance type. Before a stage, :class:`EcsCapacity` sets the desired
 capacity of the group of the stage's instance type to the nodes the stage needs (the §5.5
-placement of its trials, :func:`planners.staging.placement.nodes_needed`) and every other group it
-manages to zero; :meth:`EcsCapacity.release` sets them all to zero. Assumptions, checked in
+placement of its trials, :func:`elastune.planners.staging.placement.nodes_needed`) and every other
+group it manages to zero; :meth:`EcsCapacity.release` sets them all to zero. Assumptions, checked in
 :meth:`EcsCapacity.check` (docs/ecs.md explains how to create such a cluster):
 
 - managed scaling of the capacity providers is DISABLED, otherwise ECS would overwrite the
@@ -30,7 +30,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError, ProfileNotFound
 from prefect_aws import AwsCredentials
 
-from infra.sizing import (
+from elastune.infra.sizing import (
     RELEASE_STAGE,
     CapacityError,
     Demand,
@@ -38,7 +38,7 @@ from infra.sizing import (
     Sizer,
     SizingRecord,
 )
-from planners.staging import nodes_needed
+from elastune.planners.staging import nodes_needed
 
 # Capacity providers that AWS manages itself; they have no Auto Scaling group to size.
 _FARGATE = {"FARGATE", "FARGATE_SPOT"}

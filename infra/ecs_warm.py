@@ -1,15 +1,15 @@
 """Warm node workers on ECS: one per GPU instance, run by a DAEMON service per instance type.
 
 :meth:`WarmServices.deploy` registers, for each GPU instance type of the cluster (the groups
-that :class:`infra.ecs.EcsCapacity` sizes), a task definition that runs the warm node worker
-of :mod:`flows.segment` on all of an instance's GPUs, and a service with the ``DAEMON``
-scheduling strategy placed on that instance type: every instance the Auto Scaling group
+that :class:`elastune.infra.ecs.EcsCapacity` sizes), a task definition that runs the warm node
+worker of :mod:`elastune.flows.segment` on all of an instance's GPUs, and a service with the
+``DAEMON`` scheduling strategy placed on that instance type: every instance the Auto Scaling group
 launches runs exactly one warm worker, so the groups' desired capacity is the number of
 nodes. The worker names its node after its ECS task (``--node-from-ecs``).
 
 :meth:`WarmServices.drain` removes given instances without losing a segment: their nodes
-stop getting segments (:func:`infra.warm_nodes.draining_nodes`), their warm runs finish, then
-their container instances are set DRAINING and the instances terminated with the group's
+stop getting segments (:func:`elastune.infra.warm_nodes.draining_nodes`), their warm runs finish,
+then their container instances are set DRAINING and the instances terminated with the group's
 desired capacity decremented. ECS is told last because draining stops the daemon task,
 runs and all (docs/ecs.md, "Draining a node").
 
@@ -36,9 +36,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from infra.ecs import EcsCapacity, ScalingGroup, aws_errors
-from infra.sizing import CapacityError, Demand, InfraError, Sizer, SizingRecord
-from infra.warm_nodes import LIVE_SECONDS, busy_nodes, draining_nodes, live_nodes, mark_draining
+from elastune.infra.ecs import EcsCapacity, ScalingGroup, aws_errors
+from elastune.infra.sizing import CapacityError, Demand, InfraError, Sizer, SizingRecord
+from elastune.infra.warm_nodes import (
+    LIVE_SECONDS,
+    busy_nodes,
+    draining_nodes,
+    live_nodes,
+    mark_draining,
+)
 
 # Pool names become part of ECS family and service names and of a Prefect variable's name.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,150}")
@@ -103,7 +109,7 @@ def task_definition(worker: WarmWorker, instance_type: str, gpus: int) -> dict[s
     """``register_task_definition``'s arguments: one worker on all ``gpus`` of an instance."""
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
         raise InfraError(f"gpus: whole GPUs per instance, an integer >= 1, got {gpus!r}")
-    command = ["python", "-m", "flows.segment", "--pool", worker.pool, "--node-from-ecs"]
+    command = ["python", "-m", "elastune.flows.segment", "--pool", worker.pool, "--node-from-ecs"]
     command += ["--gpus", str(gpus), "--storage", worker.storage]
     container = {
         "name": _CONTAINER,
@@ -305,14 +311,15 @@ class WarmServices:
                 raise CapacityError(
                     f"drain: after {timeout:g} s, node(s) {sorted(busy)} of pool {pool!r} still "
                     "run segments; nothing was terminated, and the nodes get no new segment "
-                    "until drain is called again or infra.warm_nodes.mark_draining clears them"
+                    "until drain is called again or elastune.infra.warm_nodes.mark_draining "
+                    "clears them"
                 )
             time.sleep(poll)
 
 
 class WarmCapacity(Sizer):
     """The EC2 capacity of a warm pool's ECS cluster, sized stage by stage: scaled up through
-    the stage's Auto Scaling group (as :class:`~infra.ecs.EcsCapacity` sizes it), scaled
+    the stage's Auto Scaling group (as :class:`~elastune.infra.ecs.EcsCapacity` sizes it), scaled
     down by draining nodes, idle ones first, so no segment loses its instance. Ready once a
     warm worker heartbeats from every instance. A node trains several segments at once, so
     a stage's trials share nodes (fractions of a GPU too), best fit.

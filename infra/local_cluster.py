@@ -1,10 +1,10 @@
 """A warm cluster on this machine: a Prefect server on loopback and N warm node workers
 (docs/prefect-server.md, "Workers").
 
-``python -m infra.local_cluster --nodes 2 --gpus-per-node 1`` starts them, prints the
+``python -m elastune.infra.local_cluster --nodes 2 --gpus-per-node 1`` starts them, prints the
 ``export`` lines that point a job at them (``elastune run JOB --pool $ELASTUNE_POOL``) and
 stays in the foreground until Ctrl-C or SIGTERM, when it stops everything it started. Its
-children get SIGTERM if it is SIGKILLed (:func:`infra.server.die_with_parent`), so nothing
+children get SIGTERM if it is SIGKILLed (:func:`elastune.infra.server.die_with_parent`), so nothing
 is left behind. A node worker that dies is started again, as an ECS service replaces a
 stopped task; the driver retries what it was running elsewhere.
 
@@ -35,9 +35,9 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.filesystems import LocalFileSystem
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from infra.pools import read_pool
-from infra.server import die_with_parent, isolated_env, running_server, stop_group
-from infra.warm_nodes import WARM_TYPE
+from elastune.infra.pools import read_pool
+from elastune.infra.server import die_with_parent, isolated_env, running_server, stop_group
+from elastune.infra.warm_nodes import WARM_TYPE
 
 DEFAULT_POOL = "warm"
 
@@ -160,7 +160,7 @@ def warm_nodes(
     cluster = Cluster(api, pool, [])
     for index in range(nodes):
         name = f"node-{index}"
-        command = [sys.executable, "-m", "flows.segment", "--pool", pool, "--node", name]
+        command = [sys.executable, "-m", "elastune.flows.segment", "--pool", pool, "--node", name]
         command += ["--gpus", f"{gpus_per_node:g}", "--storage", storage]
         command += ["--threads", str(threads)]
         folder = home / f"{pool}-{name}"

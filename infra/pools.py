@@ -15,7 +15,7 @@ from prefect.client.schemas.filters import WorkerFilter, WorkerFilterStatus
 from prefect.client.schemas.objects import WorkPool
 from prefect.exceptions import ObjectNotFound
 
-from infra.sizing import (
+from elastune.infra.sizing import (
     RELEASE_STAGE,
     Demand,
     NoWorker,

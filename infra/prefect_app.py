@@ -11,8 +11,9 @@ applies to the transactions it passes ``with_for_update``, is ``BEGIN IMMEDIATE`
 transaction takes the write lock first and waits its turn. :func:`immediate_sqlite_writes`
 applies it to every write transaction of the process; PostgreSQL servers are untouched.
 
-- ``python -m infra.prefect_app [OPTIONS]`` is ``prefect server start [OPTIONS]`` with it
-  (``infra.server.running_server`` and ``infra.local_cluster`` start their server so);
+- ``python -m elastune.infra.prefect_app [OPTIONS]`` is ``prefect server start [OPTIONS]`` with it
+  (``elastune.infra.server.running_server`` and ``elastune.infra.local_cluster`` start their server
+  so);
 - :func:`create_app` is the uvicorn factory of ``elastune run``'s ephemeral server
   (``flows/ephemeral.py``), Prefect's own ``create_app`` with it.
 """
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 # uvicorn's import path of :func:`create_app`, for ``--factory``.
-FACTORY = "infra.prefect_app:create_app"
+FACTORY = "elastune.infra.prefect_app:create_app"
 
 
 def immediate_sqlite_writes() -> None:

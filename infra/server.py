@@ -1,7 +1,7 @@
 """A real Prefect server and process worker on loopback, for tests and checks (docs/stack.md §2).
 
-``running_server`` starts ``python -m infra.prefect_app`` (``prefect server start`` with its
-SQLite writes immediate) on a free port with its own ``PREFECT_HOME`` and waits for
+``running_server`` starts ``python -m elastune.infra.prefect_app`` (``prefect server start`` with
+its SQLite writes immediate) on a free port with its own ``PREFECT_HOME`` and waits for
 ``/api/health``; ``running_worker`` starts ``python -m prefect worker start --type process``
 that polls every second. Both run in their own process group, which is stopped at exit
 whatever happens, so no process outlives the block. The pytest fixture that shares one
@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from planners.spec.cache import copy_of_empty
+from elastune.planners.spec.cache import copy_of_empty
 
 # A fresh SQLite DB takes ~10 s to migrate on an idle 2-core box (a server's home gets a
 # copy of a migrated one, new_database); leave room for a busy one.
@@ -91,7 +91,7 @@ def running_server(
     port = port or free_port()
     api = f"http://127.0.0.1:{port}/api"
     log = home / "server.log"
-    command = [sys.executable, "-m", "infra.prefect_app"]  # prefect server start, amended
+    command = [sys.executable, "-m", "elastune.infra.prefect_app"]  # prefect server start, amended
     command += ["--host", "127.0.0.1", "--port", str(port)]
     env = isolated_env(home, PREFECT_UI_ENABLED=str(ui).lower(), PREFECT_UI_API_URL=api)
     if database is not None:

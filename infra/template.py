@@ -10,7 +10,7 @@ by regenerating) and adds what GPU training on EC2 needs (docs/stack.md §3):
 - EC2 launch type by default (Fargate has no GPUs) and an EC2-compatible task definition;
   ``capacity_provider_strategy`` (already a variable) replaces the launch type when set.
 
-Regenerate with ``python -m infra.template``; ``--check`` exits 1 when the file is stale.
+Regenerate with ``python -m elastune.infra.template``; ``--check`` exits 1 when the file is stale.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.output.read_text() if args.output.exists() else ""
         if current != text:
-            print(f"{args.output} is stale: run python -m infra.template", file=sys.stderr)
+            print(f"{args.output} is stale: run python -m elastune.infra.template", file=sys.stderr)
             return 1
         return 0
     args.output.write_text(text)

@@ -1,6 +1,6 @@
 """Does the Prefect UI show elastune's deployments and the nightly schedule?
 
-``python -m infra.ui_check --out ui.png`` starts a real ``prefect server start`` on
+``python -m elastune.infra.ui_check --out ui.png`` starts a real ``prefect server start`` on
 127.0.0.1 (free port, its own temporary ``PREFECT_HOME``, UI on), creates the ``local-proc``
 process pool, runs ``prefect --no-prompt deploy --all`` from the repository root, then opens
 the UI's deployments page in headless Chromium. It reads the rendered page of both UIs the
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from infra.server import isolated_env, running_server, stop_group
+from elastune.infra.server import isolated_env, running_server, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -260,7 +260,7 @@ def deploy_and_check(out: Path, root: Path = ROOT, screenshot_ui: str = "v2") ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.ui_check", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m elastune.infra.ui_check", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="where to write the PNG")
     parser.add_argument("--ui", choices=sorted(PAGES), default="v2", help="UI to screenshot")
     args = parser.parse_args(argv)

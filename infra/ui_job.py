@@ -1,7 +1,7 @@
 """Does the Prefect UI tell a finished job's story, and does the MLflow UI show its runs?
 
-``python -m infra.ui_job --out docs/img`` starts a real Prefect server with the deployments
-of ``prefect.yaml`` as :mod:`infra.ui_check` does, and a process worker on its pool; runs
+``python -m elastune.infra.ui_job --out docs/img`` starts a real Prefect server with the deployments
+of ``prefect.yaml`` as :mod:`elastune.infra.ui_check` does, and a process worker on its pool; runs
 the ``tune`` deployment as the UI's *Run* button does, on ``examples/digits.yaml`` cut to a
 3-epoch ladder (6 segments, a minute on a laptop's CPU) with its stores in a temporary
 folder; then ``mlflow server`` on loopback over the job's SQLite store. Headless Chromium
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from infra.server import free_port, running_worker, stop_group, wait_healthy
-from infra.ui_check import (
+from elastune.infra.server import free_port, running_worker, stop_group, wait_healthy
+from elastune.infra.ui_check import (
     ATTEMPTS,
     BUDGET_MS,
     CHROMIUM,
@@ -206,7 +206,7 @@ def check_job_ui(out: Path) -> list[View]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.ui_job", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m elastune.infra.ui_job", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="folder for the PNGs")
     args = parser.parse_args(argv)
     if not CHROMIUM.exists():

@@ -1,9 +1,9 @@
 """The nodes of a warm pool as Prefect's server sees them: which live (their heartbeats as
 Prefect workers are fresh), which are busy (a warm run tagged with the node is unfinished)
 and which are draining (they finish their runs but get no new segment, because their
-instances are to go: ``infra.ecs_warm``'s drain). The draining nodes are a Prefect variable
+instances are to go: ``elastune.infra.ecs_warm``'s drain). The draining nodes are a Prefect variable
 per pool, so every driver using the pool sees them. The node's own side is
-:mod:`flows.segment`.
+:mod:`elastune.flows.segment`.
 
 Example (a node's worker name, and back):
     >>> node = Node("node-0", 2.0, 4242)

@@ -13,8 +13,8 @@ One package per concern; each imports only those listed before it:
   the cost planner when the job is planned.
 
 Example (a job file's SHA ladder, compiled to the stages of its plan):
-    >>> from planners.spec import parse_job
-    >>> from planners.staging import compile_plan
+    >>> from elastune.planners.spec import parse_job
+    >>> from elastune.planners.staging import compile_plan
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 27}})

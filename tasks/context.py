@@ -68,9 +68,9 @@ import numpy as np
 import torch
 from prefect._internal.concurrency.cancellation import shield
 
-from tasks.distributed import GlobalBatches, unwrap, wrap
-from tasks.spool import Spool
-from tasks.tracking import Tracker
+from elastune.tasks.distributed import GlobalBatches, unwrap, wrap
+from elastune.tasks.spool import Spool
+from elastune.tasks.tracking import Tracker
 
 # Reported metrics reach MLflow in one write per checkpoint (or per segment), and at the
 # latest this many seconds after they were reported, so the UI's curves stay live.
@@ -100,7 +100,7 @@ class TrialContext:
         gpus: GPUs granted to this segment (``< 1`` means a shared GPU).
         rank: This process's rank in a data-parallel segment.
         world_size: Processes in a data-parallel segment.
-        seed: The trial's seed (:meth:`tasks.train.JobRef.trial_seed`: the job's
+        seed: The trial's seed (:meth:`elastune.tasks.train.JobRef.trial_seed`: the job's
             ``sampler.seed`` mixed with the trial id); default: the trial id.
         spool: Where checkpoints are kept until :meth:`finish` hands the newest to MLflow
             (segments of the local pool); None: each goes to MLflow at once.

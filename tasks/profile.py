@@ -22,12 +22,12 @@ from typing import Any
 import optuna
 import torch
 
-from planners.spec import JobSpec, SpecError, distributions, make_sampler
-from planners.staging import Profile
-from tasks.context import TrialContext
-from tasks.tracking import Tracker, shared_tracker
-from tasks.trainable import load_trainable
-from tasks.workers import LocalWorkers
+from elastune.planners.spec import JobSpec, SpecError, distributions, make_sampler
+from elastune.planners.staging import Profile
+from elastune.tasks.context import TrialContext
+from elastune.tasks.tracking import Tracker, shared_tracker
+from elastune.tasks.trainable import load_trainable
+from elastune.tasks.workers import LocalWorkers
 
 
 class _TimedContext(TrialContext):

@@ -28,7 +28,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tasks.stores import sqlite_path
+from elastune.tasks.stores import sqlite_path
 
 
 def checkpoint_name(resource: float) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import sqlalchemy
 from filelock import FileLock
 
-from planners.spec import SpecError
+from elastune.planners.spec import SpecError
 
 
 def sqlite_path(uri: str) -> Path | None:

@@ -35,8 +35,8 @@ from optuna.study import StudyDirection
 from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
-from planners.spec.cache import copy_of_empty
-from tasks.stores import sqlite_path
+from elastune.planners.spec.cache import copy_of_empty
+from elastune.tasks.stores import sqlite_path
 
 
 def driver_storage(url: str) -> SoleWriterStorage:

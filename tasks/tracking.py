@@ -31,10 +31,10 @@ from mlflow.utils.uri import (
     extract_db_type_from_uri,
 )
 
-from planners.spec import SpecError
-from planners.spec.cache import copy_of_empty
-from tasks.spool import checkpoint_name, checkpoint_resource
-from tasks.stores import check_database, first_use, local_uri, sqlite_path
+from elastune.planners.spec import SpecError
+from elastune.planners.spec.cache import copy_of_empty
+from elastune.tasks.spool import checkpoint_name, checkpoint_resource
+from elastune.tasks.stores import check_database, first_use, local_uri, sqlite_path
 
 CHECKPOINTS = "checkpoints"
 

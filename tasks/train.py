@@ -2,12 +2,13 @@
 
 A segment runs at its width ``Segment.gpus`` (docs/algorithms.md §6, elastic trials):
 
-* ``g > 1``: ``g`` data-parallel processes (:func:`tasks.distributed.run_distributed`: gloo on
+* ``g > 1``: ``g`` data-parallel processes (:func:`elastune.tasks.distributed.run_distributed`: gloo
+on
   CPU, NCCL on CUDA with one GPU per process). Only a trainable that declares it supports
-  this (``train.distributed = True``, see :func:`tasks.trainable.supports_distributed`) is
+  this (``train.distributed = True``, see :func:`elastune.tasks.trainable.supports_distributed`) is
   run so.
 * ``g = 1``: the trainable runs in one process, on ``cuda`` when there is one: a worker
-  process of the local pool (:mod:`tasks.workers`, which runs every local segment), or the
+  process of the local pool (:mod:`elastune.tasks.workers`, which runs every local segment), or the
   process of a work pool's node.
 * ``g < 1``: the segment shares its device with other segments. On NVIDIA GPUs, segments
   in separate processes (the local pool's workers, a process or ECS pool) run concurrently
@@ -42,16 +43,16 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 from prefect.utilities.timeout import timeout as time_limit
 
-from planners.search.schedulers.base import Result, Segment
-from planners.spec import JobSpec, SpecError
-from planners.staging.devices import LocalDevices
-from planners.staging.widths import FALLBACK_HINT, profile_widths, width_problem
-from tasks.context import TrialContext, mix
-from tasks.distributed import DistContext, DistributedError, run_distributed
-from tasks.spool import Spool
-from tasks.tracking import Tracker, shared_tracker
-from tasks.trainable import Trainable, TrainableError, load_trainable, supports_distributed
-from tasks.workers import LocalWorkers, WorkerDied
+from elastune.planners.search.schedulers.base import Result, Segment
+from elastune.planners.spec import JobSpec, SpecError
+from elastune.planners.staging.devices import LocalDevices
+from elastune.planners.staging.widths import FALLBACK_HINT, profile_widths, width_problem
+from elastune.tasks.context import TrialContext, mix
+from elastune.tasks.distributed import DistContext, DistributedError, run_distributed
+from elastune.tasks.spool import Spool
+from elastune.tasks.tracking import Tracker, shared_tracker
+from elastune.tasks.trainable import Trainable, TrainableError, load_trainable, supports_distributed
+from elastune.tasks.workers import LocalWorkers, WorkerDied
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ def run_segment(
         gpu_ids: The GPUs the executor (a packer's assignment) gave this segment, one per
             data-parallel process; default ``0 .. g-1``. Ignored without CUDA.
         spool: Keep a single-process segment's checkpoints on this machine and hand the
-            newest to MLflow when it ends (:class:`tasks.spool.Spool`): for segments whose
+            newest to MLflow when it ends (:class:`elastune.tasks.spool.Spool`): for segments whose
             retry runs on this machine too (the local pool).
     """
     tracker = shared_tracker(job.mlflow_uri, job.experiment)

@@ -18,8 +18,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from planners.spec import SpecError
-from tasks.context import TrialContext
+from elastune.planners.spec import SpecError
+from elastune.tasks.context import TrialContext
 
 Trainable = Callable[[dict[str, Any], TrialContext], Any]
 

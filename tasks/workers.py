@@ -62,10 +62,10 @@ from typing import Any, NoReturn
 import torch
 
 # What a fork server that imports for itself imports first, so that no worker does: what
-# a segment runs (tasks.train), the store its tracker builds, and torch's compiler, which
+# a segment runs (elastune.tasks.train), the store its tracker builds, and torch's compiler, which
 # every torch.optim optimizer imports when it is made (0.8-1.9 s; flows/ephemeral.py
 # imports the same into `elastune run` before it forks its server).
-PRELOAD = ("tasks.train", "mlflow.store.tracking.sqlalchemy_store", "torch._dynamo")
+PRELOAD = ("elastune.tasks.train", "mlflow.store.tracking.sqlalchemy_store", "torch._dynamo")
 # A worker's pid, and its exit code (negative: the signal that ended it), as sent.
 _NUMBER = struct.Struct("q")
 # Set, torch asks NVML whether there is a GPU, which leaves the process fit to fork.
@@ -158,7 +158,7 @@ def fork_server() -> ForkServer:
         if _server is None or not _server.alive():
             control, theirs = socket.socketpair()
             code = "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-            code += "from tasks.workers import serve_forks; serve_forks(int(sys.argv[2]))"
+            code += "from elastune.tasks.workers import serve_forks; serve_forks(int(sys.argv[2]))"
             argv = [sys.executable, "-c", code, json.dumps(sys.path), str(theirs.fileno())]
             env = {NVML_CHECK: "1", **os.environ}
             process = subprocess.Popen(argv, env=env, pass_fds=[theirs.fileno()])

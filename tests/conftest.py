@@ -40,7 +40,7 @@ def fork_server() -> None:
     """Local jobs' workers fork from a fork server (tasks/workers.py), which this process
     starts once, importing torch and elastune: started here, its seconds never fall inside a
     test's job (a short deadline would pass in them)."""
-    from tasks.workers import warm_fork_server
+    from elastune.tasks.workers import warm_fork_server
 
     warm_fork_server()
 

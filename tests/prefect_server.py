@@ -1,6 +1,6 @@
 """The session's real Prefect server (docs/stack.md §2), for tests.
 
-The fixture ``prefect_api`` wraps ``infra.server.running_server`` for a whole session and
+The fixture ``prefect_api`` wraps ``elastune.infra.server.running_server`` for a whole session and
 points this process's Prefect client at it; import it into a test module or ``conftest.py``
 to share it (``from tests.prefect_server import prefect_api  # noqa: F401``).
 ``running_worker`` is re-exported for the tests that start a process worker;
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra.local_cluster import warm_nodes
-from infra.server import running_server, running_worker
+from elastune.infra.local_cluster import warm_nodes
+from elastune.infra.server import running_server, running_worker
 
 __all__ = ["prefect_api", "running_server", "running_worker", "segment_runs", "warm_nodes"]
 
@@ -45,7 +45,7 @@ def segment_runs(job_id: str, warm: bool = False) -> list:
     from prefect.client.schemas.filters import FlowFilter, TaskRunFilter, TaskRunFilterTags
     from prefect.client.schemas.sorting import TaskRunSort
 
-    from flows.warm_pool import job_tag
+    from elastune.flows.warm_pool import job_tag
 
     with get_client(sync_client=True) as client:
         if warm:

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planners.search import Action, Result, make_scheduler
-from planners.search.schedulers import Asha
-from planners.search.schedulers.base import ranked
-from planners.spec import SpecError, parse_job
-from planners.spec.geometry import rung_levels
+from elastune.planners.search import Action, Result, make_scheduler
+from elastune.planners.search.schedulers import Asha
+from elastune.planners.search.schedulers.base import ranked
+from elastune.planners.spec import SpecError, parse_job
+from elastune.planners.spec.geometry import rung_levels
 
 JOB = {
     "name": "t",

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import main
-from planners.spec import SpecError, parse_job
+from elastune.flows.cli import main
+from elastune.planners.spec import SpecError, parse_job
 
 # Every case leaves nothing new in MLflow or Optuna (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("unchanged_stores")

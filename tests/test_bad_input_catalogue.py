@@ -13,7 +13,7 @@ import optuna
 import pytest
 import yaml
 
-from flows.cli import main
+from elastune.flows.cli import main
 from tests.test_bad_input import GOOD, assert_rejected, edit
 
 # A job the cost planner can plan: a deadline, a profile and one instance type.

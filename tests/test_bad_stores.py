@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import main
-from planners.spec import SpecError
-from tasks.stores import check_sqlite_file, sqlite_tables
+from elastune.flows.cli import main
+from elastune.planners.spec import SpecError
+from elastune.tasks.stores import check_sqlite_file, sqlite_tables
 from tests.test_bad_input import GOOD
 
 
@@ -146,7 +146,7 @@ def test_a_journal_left_to_roll_back_is_no_bad_input(tmp_path) -> None:
     since resuming after such a kill is what ``resume`` is for."""
     import optuna
 
-    from flows.stored import stored_job
+    from elastune.flows.stored import stored_job
 
     storage = f"sqlite:///{tmp_path}/optuna.db"
     optuna.create_study(study_name="x", storage=storage)

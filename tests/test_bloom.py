@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.baselines import StoppingAsha
-from planners.search import Action, Result
-from planners.search.schedulers import Asha, Bloom
+from elastune.planners.search import Action, Result
+from elastune.planners.search.schedulers import Asha, Bloom
 
 
 def drive(scheduler, loss, workers: int = 1, limit: int = 10_000) -> list[tuple[int, float]]:
@@ -202,9 +202,12 @@ def test_the_docstring_examples_run() -> None:
     import doctest
 
     import benchmarks.baselines.stopping_asha
-    import planners.samplers.mftpe
-    import planners.search.schedulers.bloom
+    import elastune.planners.samplers.mftpe
+    import elastune.planners.search.schedulers.bloom
 
-    bloom, stopping_asha = planners.search.schedulers.bloom, benchmarks.baselines.stopping_asha
-    for module in (bloom, stopping_asha, planners.samplers.mftpe):
+    bloom, stopping_asha = (
+        elastune.planners.search.schedulers.bloom,
+        benchmarks.baselines.stopping_asha,
+    )
+    for module in (bloom, stopping_asha, elastune.planners.samplers.mftpe):
         assert doctest.testmod(module).failed == 0

@@ -1,6 +1,6 @@
 """Two jobs at once on the same MLflow and Optuna stores do not interfere.
 
-Two ``python -m flows.cli run`` processes start together on the same SQLite stores, with
+Two ``python -m elastune.flows.cli run`` processes start together on the same SQLite stores, with
 the same job name (so the same MLflow experiment) and different samplers and sizes, so that
 any cross-talk shows in the counts. The stores exist already, as after any earlier job;
 creating them from two processes at once is a known race, tested on its own below.
@@ -20,8 +20,8 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from planners.search import StudyJournal
-from tasks.tracking import Tracker
+from elastune.planners.search import StudyJournal
+from elastune.tasks.tracking import Tracker
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +50,7 @@ def start(tmp: Path, which: str, stores: list[str], api: str) -> subprocess.Pope
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": api}
     with (tmp / f"{which}.err").open("w") as err:  # a file: neither process blocks on a pipe
         return subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "run", str(path), "--json", *stores],
+            [sys.executable, "-m", "elastune.flows.cli", "run", str(path), "--json", *stores],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -134,7 +134,7 @@ def test_two_jobs_at_once_on_the_same_stores(prefect_api, tmp_path, stores) -> N
 RACE = """
 import os, sys, time
 uri, go = sys.argv[1:]
-from tasks.tracking import Tracker
+from elastune.tasks.tracking import Tracker
 open(f"{go}.{os.getpid()}", "w").close()  # imported everything: ready
 while not os.path.exists(go):  # start together
     time.sleep(0.005)

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from planners.cost.billing import BillingRule
-from planners.cost.catalog import parse_catalog
-from planners.cost.simulate import PlanSimulator
-from planners.staging import Profile
+from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
+from elastune.planners.cost.billing import BillingRule
+from elastune.planners.cost.catalog import parse_catalog
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.staging import Profile
 
 PER_SECOND = BillingRule(quantum_s=1, min_charge_s=60)
 HOURLY = BillingRule(quantum_s=3600, min_charge_s=3600)

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from planners.cost.catalog import parse_catalog, read_catalog
-from planners.spec import SpecError
+from elastune.planners.cost.catalog import parse_catalog, read_catalog
+from elastune.planners.spec import SpecError
 
 REQUIRED = {
     "p3.2xlarge": (1, "V100"),

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from planners.cost.estimate import ProfileEstimate, Running, _above
-from planners.staging import Profile
+from elastune.planners.cost.estimate import ProfileEstimate, Running, _above
+from elastune.planners.staging import Profile
 
 PRIOR = Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}, segment_cv=0.05)
 

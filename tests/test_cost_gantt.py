@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from planners.cost import plan_job
-from planners.cost.catalog import parse_catalog
-from planners.cost.gantt import draw_gantt
-from planners.spec import parse_job
+from elastune.planners.cost import plan_job
+from elastune.planners.cost.catalog import parse_catalog
+from elastune.planners.cost.gantt import draw_gantt
+from elastune.planners.spec import parse_job
 
 CATALOG = parse_catalog(
     {

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from planners.cost.catalog import parse_catalog
-from planners.cost.held import Held, left_after
-from planners.cost.replan import Replanner, under_way
-from planners.cost.simulate import PlanSimulator
-from planners.staging import Profile, Stage
+from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
+from elastune.planners.cost.catalog import parse_catalog
+from elastune.planners.cost.held import Held, left_after
+from elastune.planners.cost.replan import Replanner, under_way
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.staging import Profile, Stage
 
 # No startup, no minimum charge: times and bills read off exactly.
 CATALOG = parse_catalog(

@@ -5,10 +5,10 @@ from fractions import Fraction
 
 import pytest
 
-from planners.cost.catalog import read_catalog
-from planners.spec import SpecError, parse_job
-from planners.spec.model import ProfileSpec
-from planners.staging import Profile, ProfileError, Timing
+from elastune.planners.cost.catalog import read_catalog
+from elastune.planners.spec import SpecError, parse_job
+from elastune.planners.spec.model import ProfileSpec
+from elastune.planners.staging import Profile, ProfileError, Timing
 
 JOB = {
     "name": "d",

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planners.cost.allocation import StagePlan
-from planners.cost.billing import BillingRule
-from planners.cost.catalog import Catalog, read_catalog
-from planners.cost.local import LOCAL, LocalType
-from planners.cost.recourse import (
+from elastune.planners.cost.allocation import StagePlan
+from elastune.planners.cost.billing import BillingRule
+from elastune.planners.cost.catalog import Catalog, read_catalog
+from elastune.planners.cost.local import LOCAL, LocalType
+from elastune.planners.cost.recourse import (
     MIN_WAVE,
     _known,
     _scaled,
@@ -19,8 +19,8 @@ from planners.cost.recourse import (
     recourse_start,
     start_on,
 )
-from planners.cost.replan import Replanner, begun, first_wave, left_to_run, part
-from planners.staging import Profile, Stage
+from elastune.planners.cost.replan import Replanner, begun, first_wave, left_to_run, part
+from elastune.planners.staging import Profile, Stage
 
 TYPES = ["g5.xlarge", "g5.12xlarge"]
 PROFILE = Profile.from_scaling(240, speedup={2: 1.8, 4: 3.2}, segment_cv=0.1)

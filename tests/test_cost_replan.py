@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from planners.cost.catalog import parse_catalog, read_catalog
-from planners.cost.estimate import ProfileEstimate
-from planners.cost.held import Held
-from planners.cost.replan import (
+from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
+from elastune.planners.cost.catalog import parse_catalog, read_catalog
+from elastune.planners.cost.estimate import ProfileEstimate
+from elastune.planners.cost.held import Held
+from elastune.planners.cost.replan import (
     Reason,
     Replanner,
     begun,
@@ -17,9 +17,9 @@ from planners.cost.replan import (
     left_to_run,
     part,
 )
-from planners.cost.simulate import PlanSimulator
-from planners.cost.spot_deadline import SpotDeadline, plan_spot
-from planners.staging import Profile, Stage
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.spot_deadline import SpotDeadline, plan_spot
+from elastune.planners.staging import Profile, Stage
 
 CATALOG = parse_catalog(
     {

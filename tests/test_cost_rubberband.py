@@ -5,12 +5,12 @@ import math
 
 import pytest
 
-from planners.cost.catalog import parse_catalog
-from planners.cost.rubberband import RubberBand
-from planners.cost.simulate import PlanSimulator
-from planners.cost.sizing import build_stage, chains_of, split
-from planners.spec import SpecError, parse_job
-from planners.staging import Profile, Stage, compile_plan
+from elastune.planners.cost.catalog import parse_catalog
+from elastune.planners.cost.rubberband import RubberBand
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.sizing import build_stage, chains_of, split
+from elastune.planners.spec import SpecError, parse_job
+from elastune.planners.staging import Profile, Stage, compile_plan
 
 NODE = {"gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}
 CATALOG = parse_catalog({"instance_types": {"p3.8xlarge": NODE}})

@@ -2,10 +2,10 @@
 
 import pytest
 
-from planners.cost.catalog import parse_catalog
-from planners.cost.seer import Seer, solve, stage_gpus, survivors
-from planners.cost.simulate import PlanSimulator
-from planners.staging import Profile
+from elastune.planners.cost.catalog import parse_catalog
+from elastune.planners.cost.seer import Seer, solve, stage_gpus, survivors
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.staging import Profile
 
 SPEED = {1: 1.0, 2: 1.8, 4: 3.2, 8: 5.6}  # epochs per hour on g GPUs
 

@@ -5,12 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from planners.cost.baselines import static_pool
-from planners.cost.catalog import parse_catalog
-from planners.cost.draws import Draws
-from planners.cost.simulate import PlanSimulator
-from planners.staging import Profile, nodes_needed
+from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
+from elastune.planners.cost.baselines import static_pool
+from elastune.planners.cost.catalog import parse_catalog
+from elastune.planners.cost.draws import Draws
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.staging import Profile, nodes_needed
 
 # §5.6: 4-GPU nodes at $12.24/h, 3 min to become ready, billed from request; 12 min per
 # epoch on 1 GPU, S = {2: 1.8, 4: 3.2}; SHA with (8, 4, 2) trials training (1, 2, 4) epochs.

@@ -6,15 +6,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planners.cost import plan_job
-from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from planners.cost.catalog import parse_catalog
-from planners.cost.gantt import draw_gantt
-from planners.cost.outcome import upper_quantile
-from planners.cost.rubberband import RubberBand
-from planners.cost.simulate import PlanSimulator
-from planners.spec import SpecError, parse_job
-from planners.staging import Profile, Stage, nodes_needed
+from elastune.planners.cost import plan_job
+from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
+from elastune.planners.cost.catalog import parse_catalog
+from elastune.planners.cost.gantt import draw_gantt
+from elastune.planners.cost.outcome import upper_quantile
+from elastune.planners.cost.rubberband import RubberBand
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.spec import SpecError, parse_job
+from elastune.planners.staging import Profile, Stage, nodes_needed
 
 # docs/algorithms.md §5.6: 4-GPU nodes at $12.24/h, 3 min to become ready; 12 min per epoch on
 # 1 GPU, S = {2: 1.8, 4: 3.2}; SHA with (8, 4, 2) trials training (1, 2, 4) epochs.

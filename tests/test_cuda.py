@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from planners.search import Segment
-from tasks.tracking import Tracker
-from tasks.train import JobRef, mps_running, run_segment
+from elastune.planners.search import Segment
+from elastune.tasks.tracking import Tracker
+from elastune.tasks.train import JobRef, mps_running, run_segment
 from tests.test_devices import overlaps, run_four_segments
 
 pytestmark = [
@@ -96,9 +96,9 @@ def test_a_local_job_hands_its_segments_the_machines_devices(tmp_path, stores, c
 
 CHILD = """
 import sys, torch
-from planners.search import Segment
-from tasks.tracking import Tracker
-from tasks.train import JobRef, run_segment
+from elastune.planners.search import Segment
+from elastune.tasks.tracking import Tracker
+from elastune.tasks.train import JobRef, run_segment
 store = sys.argv[1]
 job = JobRef("job", "tests.trainables:device_counter", "val_accuracy", "max", 2, store, "mps")
 tracker = Tracker(store, "mps")

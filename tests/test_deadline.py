@@ -13,18 +13,18 @@ import pytest
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from flows.cli import _print_run, main
-from flows.compiled import compile_job
-from flows.drive import recover
-from flows.job import Job
-from flows.stored import stored_job
-from planners.search import TuningLoop
-from planners.search.journal import StudyJournal
-from planners.search.schedulers.base import Action, Result, Segment
-from planners.spec import parse_job
-from tasks.context import TrialContext
-from tasks.tracking import Tracker
-from tasks.train import JobRef, SegmentReport, report_name, run_segment
+from elastune.flows.cli import _print_run, main
+from elastune.flows.compiled import compile_job
+from elastune.flows.drive import recover
+from elastune.flows.job import Job
+from elastune.flows.stored import stored_job
+from elastune.planners.search import TuningLoop
+from elastune.planners.search.journal import StudyJournal
+from elastune.planners.search.schedulers.base import Action, Result, Segment
+from elastune.planners.spec import parse_job
+from elastune.tasks.context import TrialContext
+from elastune.tasks.tracking import Tracker
+from elastune.tasks.train import JobRef, SegmentReport, report_name, run_segment
 from tests.test_story import run_cli
 
 JOB = {

@@ -11,7 +11,7 @@ import yaml
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from flows.cli import main
+from elastune.flows.cli import main
 from tests.test_e2e import JOB, assert_resumed_never_restarted, child_runs
 
 # A real server: an ephemeral one can time out on a busy machine.

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from planners.samplers import MultiFidelityTpeSampler
-from planners.search import make_scheduler
-from planners.search.schedulers import Bloom
-from planners.sim import simulate
-from planners.sim.configs import RowDraw, TableSampler, study_for, table_sampler
-from planners.spec import SpecError, make_sampler, parse_job
+from elastune.planners.samplers import MultiFidelityTpeSampler
+from elastune.planners.search import make_scheduler
+from elastune.planners.search.schedulers import Bloom
+from elastune.planners.sim import simulate
+from elastune.planners.sim.configs import RowDraw, TableSampler, study_for, table_sampler
+from elastune.planners.spec import SpecError, make_sampler, parse_job
 
 BASE = {
     "name": "d",
@@ -78,7 +78,7 @@ class Toy:
     name, max_resource, table = "toy-table", 9, TABLE
 
     def curve(self, config):
-        from planners.sim import Curve
+        from elastune.planners.sim import Curve
 
         return Curve([config["x"] * e / 9 for e in range(1, 10)], [float(e) for e in range(1, 10)])
 

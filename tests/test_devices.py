@@ -11,11 +11,11 @@ import time
 import pytest
 import yaml
 
-import flows.compiled
-import tasks.train
-import tasks.workers
-from flows.cli import main
-from planners.staging import LocalDevices
+import elastune.flows.compiled
+import elastune.tasks.train
+import elastune.tasks.workers
+from elastune.flows.cli import main
+from elastune.planners.staging import LocalDevices
 
 
 def test_segments_get_the_least_loaded_devices() -> None:
@@ -94,9 +94,9 @@ def two_devices_recorded(monkeypatch) -> list[tuple[float, float, tuple[int, ...
     """A machine with two CUDA devices, as the driver sees it; training itself stays on the
     CPU here (run_segment ignores device ids without CUDA), so each segment's begin, end,
     device ids, trial and worker process are recorded as it ends."""
-    monkeypatch.setattr(flows.compiled, "cuda_devices", lambda: 2)
+    monkeypatch.setattr(elastune.flows.compiled, "cuda_devices", lambda: 2)
     calls: list[tuple[float, float, tuple[int, ...], int, int]] = []
-    real = tasks.workers.Worker.call
+    real = elastune.tasks.workers.Worker.call
 
     def recording(worker, fn, *args, **kwargs):
         began = time.monotonic()
@@ -106,7 +106,7 @@ def two_devices_recorded(monkeypatch) -> list[tuple[float, float, tuple[int, ...
             ids = tuple(kwargs["gpu_ids"])
             calls.append((began, time.monotonic(), ids, args[1].trial, worker.pid))
 
-    monkeypatch.setattr(tasks.workers.Worker, "call", recording)
+    monkeypatch.setattr(elastune.tasks.workers.Worker, "call", recording)
     return calls
 
 
@@ -146,13 +146,13 @@ def overlaps(spans: list[tuple]) -> list[tuple[tuple, tuple]]:
 def test_mps_is_running_only_while_its_daemon_lives(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
     (tmp_path / "control").touch()  # the socket file outlives the daemon
-    assert not tasks.train.mps_running()
+    assert not elastune.tasks.train.mps_running()
     pid_file = tmp_path / "nvidia-cuda-mps-control.pid"
     daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         pid_file.write_text(str(daemon.pid))
-        assert tasks.train.mps_running()
+        assert elastune.tasks.train.mps_running()
     finally:
         daemon.kill()
         daemon.wait()
-    assert not tasks.train.mps_running()  # killed: its pid file stayed behind
+    assert not elastune.tasks.train.mps_running()  # killed: its pid file stayed behind

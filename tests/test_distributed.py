@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tasks.distributed import (
+from elastune.tasks.distributed import (
     DistContext,
     DistributedError,
     GlobalBatches,
@@ -168,8 +168,9 @@ def test_a_hung_run_times_out():
 def test_ranks_end_with_the_process_that_started_them(tmp_path: Path) -> None:
     """A driver killed by SIGKILL leaves no rank training (on a GPU, holding it), nor the
     run's scratch folder."""
-    start = "from tasks.distributed import run_distributed; from tests.test_distributed import hang"
-    start += f"; run_distributed(hang, 2, args=({str(tmp_path)!r},), backend='gloo', timeout=600)"
+    start = "from elastune.tasks.distributed import run_distributed; "
+    start += "from tests.test_distributed import hang; "
+    start += f"run_distributed(hang, 2, args=({str(tmp_path)!r},), backend='gloo', timeout=600)"
     # The driver's temporary folders, and so its run's. Short: the forkserver's socket goes
     # in there too, and a Unix socket's path may not pass 107 bytes (Python 3.11 does not
     # fall back). Under xdist, tmp_path passes it once pytest's run count reaches 100.
@@ -200,7 +201,7 @@ def test_a_long_tmpdir_starts_the_ranks_by_spawn(tmp_path: Path) -> None:
     Python 3.11): the ranks start as fresh interpreters instead, and the run works."""
     long = tmp_path / ("t" * 100)
     long.mkdir()
-    code = "from tasks.distributed import _start_method, run_distributed"
+    code = "from elastune.tasks.distributed import _start_method, run_distributed"
     code += "; from tests.test_distributed import rank_sum"
     code += "; print(_start_method(), run_distributed(rank_sum, 2, backend='gloo'))"
     done = subprocess.run(
@@ -249,6 +250,6 @@ def test_global_batches_split_one_global_batch_by_rank():
 def test_docstring_examples_run():
     import doctest
 
-    import tasks.distributed
+    import elastune.tasks.distributed
 
-    assert doctest.testmod(tasks.distributed).failed == 0
+    assert doctest.testmod(elastune.tasks.distributed).failed == 0

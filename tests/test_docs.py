@@ -12,7 +12,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CODE = [
     path
-    for folder in ("flows", "tasks", "planners", "infra", "examples", "benchmarks", "tests")
+    for folder in (
+        "elastune",
+        "flows",
+        "tasks",
+        "planners",
+        "infra",
+        "examples",
+        "benchmarks",
+        "tests",
+    )
     for path in (ROOT / folder).rglob("*")
     if path.suffix in {".py", ".yaml", ".md"}
 ] + [ROOT / "pyproject.toml", ROOT / "prefect.yaml", ROOT / "Makefile"]

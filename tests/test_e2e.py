@@ -15,8 +15,8 @@ import yaml
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from flows.cli import main
-from tasks.train import GIVE_UP_GRACE_SECONDS
+from elastune.flows.cli import main
+from elastune.tasks.train import GIVE_UP_GRACE_SECONDS
 
 pytestmark = pytest.mark.slow
 
@@ -129,7 +129,7 @@ def test_a_command_leaves_what_lives_at_exit_out_of_the_last_collections(tmp_pat
     code = (
         "import atexit, gc\n"
         "atexit.register(lambda: print(gc.get_freeze_count()))\n"
-        "from flows.cli import main\n"
+        "from elastune.flows.cli import main\n"
         "raise SystemExit(main(['plan', 'missing.yaml']))\n"
     )
     root = Path(__file__).resolve().parent.parent
@@ -257,7 +257,7 @@ def test_cli_process_prints_only_json_on_stdout(tmp_path, stores) -> None:
     path.write_text(yaml.safe_dump({**JOB, "scheduler": {**JOB["scheduler"], "max_resource": 3}}))
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "run", str(path), "--json", *stores],
+        [sys.executable, "-m", "elastune.flows.cli", "run", str(path), "--json", *stores],
         cwd=root,
         capture_output=True,
         text=True,
@@ -289,9 +289,9 @@ def test_profile_measures_seconds_per_unit_and_feeds_the_planner(
     # The loop end to end, once: repeats and lengths are tests/test_forecast.py's (this
     # trainable's instant units would ask for 3 x 4 jobs, one of 50 levels and two of 14
     # waves, 3 minutes).
-    monkeypatch.setattr("flows.calibrate.REPEATS", 1)
-    monkeypatch.setattr("flows.calibrate.MAX_LEVELS", 3)
-    monkeypatch.setattr("flows.calibrate.WAVES_S", 0.5)  # 4 waves
+    monkeypatch.setattr("elastune.flows.calibrate.REPEATS", 1)
+    monkeypatch.setattr("elastune.flows.calibrate.MAX_LEVELS", 3)
+    monkeypatch.setattr("elastune.flows.calibrate.WAVES_S", 0.5)  # 4 waves
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(JOB))
     out = tmp_path / "profile.yaml"

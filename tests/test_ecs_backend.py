@@ -16,8 +16,8 @@ import pytest
 from moto import mock_aws
 from prefect_aws import AwsCredentials
 
-from infra.ecs import EcsCapacity
-from infra.sizing import CapacityError, Demand, MissingCredentials, PoolBackend
+from elastune.infra.ecs import EcsCapacity
+from elastune.infra.sizing import CapacityError, Demand, MissingCredentials, PoolBackend
 
 REGION = "us-east-1"
 # Planted credentials: they must never show up in a log line.
@@ -297,8 +297,8 @@ def test_aws_refusing_the_check_is_bad_input_and_scales_nothing(monkeypatch):
     """An unreachable endpoint or refused keys exit 2 with the AWS error, before any scaling."""
     from botocore.exceptions import EndpointConnectionError
 
-    from infra.ecs import EcsCapacity
-    from infra.sizing import CapacityError
+    from elastune.infra.ecs import EcsCapacity
+    from elastune.infra.sizing import CapacityError
 
     capacity = EcsCapacity("gpu-cluster", region="us-east-1")
 

@@ -16,11 +16,11 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.deployments import run_deployment
 
-from flows.pools import segment_deployment
-from flows.segment import flow_parameters
-from infra.template import gpu_job_variables
-from planners.search import Segment
-from tasks.train import JobRef
+from elastune.flows.pools import segment_deployment
+from elastune.flows.segment import flow_parameters
+from elastune.infra.template import gpu_job_variables
+from elastune.planners.search import Segment
+from elastune.tasks.train import JobRef
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

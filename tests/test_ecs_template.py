@@ -24,8 +24,8 @@ from prefect.utilities.schema_tools.validation import ValidationError, is_valid_
 from prefect.utilities.templating import find_placeholders
 from prefect_aws.workers.ecs_worker import ECSJobConfiguration, ECSWorker
 
-from infra import template as gpu
-from infra.template import TEMPLATE_PATH, gpu_job_variables, gpu_template
+from elastune.infra import template as gpu
+from elastune.infra.template import TEMPLATE_PATH, gpu_job_variables, gpu_template
 
 REGION = "us-east-1"
 INSTANCE_TYPE = "g5.12xlarge"

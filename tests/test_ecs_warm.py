@@ -18,14 +18,14 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.states import Completed, Running
 
-import infra.ecs_warm
-from flows.segment import ecs_task_id, main, warm_segment
-from flows.warm_pool import Placer
-from infra.ecs import EcsCapacity
-from infra.ecs_warm import WarmServices, WarmWorker, family
-from infra.local_cluster import create_warm_pool
-from infra.sizing import CapacityError, InfraError
-from infra.warm_nodes import Node, busy_nodes, draining_nodes, mark_draining
+import elastune.infra.ecs_warm
+from elastune.flows.segment import ecs_task_id, main, warm_segment
+from elastune.flows.warm_pool import Placer
+from elastune.infra.ecs import EcsCapacity
+from elastune.infra.ecs_warm import WarmServices, WarmWorker, family
+from elastune.infra.local_cluster import create_warm_pool
+from elastune.infra.sizing import CapacityError, InfraError
+from elastune.infra.warm_nodes import Node, busy_nodes, draining_nodes, mark_draining
 from tests.test_ecs_backend import (  # noqa: F401
     BIG,
     REGION,
@@ -76,7 +76,7 @@ def test_one_daemon_service_per_instance_type_runs_the_warm_worker():
         (container,) = definition["taskDefinition"]["containerDefinitions"]
         gpus = str(_gpus(instance_type))
         assert container["command"] == [
-            "python", "-m", "flows.segment", "--pool", POOL, "--node-from-ecs",
+            "python", "-m", "elastune.flows.segment", "--pool", POOL, "--node-from-ecs",
             "--gpus", gpus, "--storage", "s3-bucket/elastune-segments",
         ]  # fmt: skip
         assert container["resourceRequirements"] == [{"type": "GPU", "value": gpus}]
@@ -121,9 +121,9 @@ class Gate:
 @pytest.fixture
 def gate(monkeypatch) -> Gate:
     gate = Gate(busy_polls=2)
-    monkeypatch.setattr(infra.ecs_warm, "mark_draining", gate.mark)
-    monkeypatch.setattr(infra.ecs_warm, "busy_nodes", gate.busy)
-    monkeypatch.setattr(infra.ecs_warm, "LIVE_SECONDS", 0.0)
+    monkeypatch.setattr(elastune.infra.ecs_warm, "mark_draining", gate.mark)
+    monkeypatch.setattr(elastune.infra.ecs_warm, "busy_nodes", gate.busy)
+    monkeypatch.setattr(elastune.infra.ecs_warm, "LIVE_SECONDS", 0.0)
     return gate
 
 
@@ -263,8 +263,8 @@ def test_a_cluster_without_gpu_groups_is_refused_before_anything_is_created():
 def test_the_placer_skips_draining_nodes(monkeypatch):
     nodes = [Node("task-a", 1.0, 1), Node("task-b", 4.0, 2)]
     draining = {"task-a"}
-    monkeypatch.setattr("flows.warm_pool.live_nodes", lambda pool: nodes)
-    monkeypatch.setattr("flows.warm_pool.draining_nodes", lambda pool: draining)
+    monkeypatch.setattr("elastune.flows.warm_pool.live_nodes", lambda pool: nodes)
+    monkeypatch.setattr("elastune.flows.warm_pool.draining_nodes", lambda pool: draining)
     placer = Placer(POOL)
     # task-a would be the best fit for 1 GPU; draining, it gets nothing.
     assert placer.take(1.0, timeout=0) == ("task-b", False)

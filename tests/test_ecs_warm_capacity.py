@@ -21,16 +21,16 @@ import pytest
 import yaml
 from prefect.artifacts import Artifact
 
-import infra.ecs_warm
-from flows.cli import main
-from infra.backends import make_backend
-from infra.ecs import EcsCapacity
-from infra.ecs_warm import WarmCapacity, WarmServices
-from infra.local_cluster import NodeProcess, create_warm_pool
-from infra.pools import WorkPoolLimit
-from infra.server import isolated_env, stop_group
-from infra.sizing import CapacityError, Demand
-from infra.warm_nodes import WARM_TYPE, Node
+import elastune.infra.ecs_warm
+from elastune.flows.cli import main
+from elastune.infra.backends import make_backend
+from elastune.infra.ecs import EcsCapacity
+from elastune.infra.ecs_warm import WarmCapacity, WarmServices
+from elastune.infra.local_cluster import NodeProcess, create_warm_pool
+from elastune.infra.pools import WorkPoolLimit
+from elastune.infra.server import isolated_env, stop_group
+from elastune.infra.sizing import CapacityError, Demand
+from elastune.infra.warm_nodes import WARM_TYPE, Node
 from tests.prefect_server import segment_runs
 from tests.test_ecs_backend import BIG, REGION, SMALL, aws, desired, fast_moto  # noqa: F401
 from tests.test_ecs_warm import POOL, WORKER, container_instances, join, tasks_on
@@ -68,11 +68,11 @@ class Nodes:
 @pytest.fixture
 def nodes(monkeypatch, aws) -> Nodes:  # noqa: F811
     fake = Nodes()
-    monkeypatch.setattr(infra.ecs_warm, "live_nodes", fake.live_nodes)
-    monkeypatch.setattr(infra.ecs_warm, "draining_nodes", lambda pool: fake.draining)
-    monkeypatch.setattr(infra.ecs_warm, "mark_draining", fake.mark)
-    monkeypatch.setattr(infra.ecs_warm, "busy_nodes", fake.busy_nodes)
-    monkeypatch.setattr(infra.ecs_warm, "LIVE_SECONDS", 0.0)
+    monkeypatch.setattr(elastune.infra.ecs_warm, "live_nodes", fake.live_nodes)
+    monkeypatch.setattr(elastune.infra.ecs_warm, "draining_nodes", lambda pool: fake.draining)
+    monkeypatch.setattr(elastune.infra.ecs_warm, "mark_draining", fake.mark)
+    monkeypatch.setattr(elastune.infra.ecs_warm, "busy_nodes", fake.busy_nodes)
+    monkeypatch.setattr(elastune.infra.ecs_warm, "LIVE_SECONDS", 0.0)
     WarmServices(EcsCapacity("gpu")).deploy(WORKER)
     return fake
 
@@ -217,7 +217,7 @@ class EcsAgents:
                     stop_group(node.process, signal.SIGTERM)
 
     def _start(self, task: str) -> NodeProcess:
-        command = [sys.executable, "-m", "flows.segment", "--pool", POOL, "--node", task]
+        command = [sys.executable, "-m", "elastune.flows.segment", "--pool", POOL, "--node", task]
         command += ["--gpus", "1", "--storage", self.storage, "--threads", "1"]
         folder = self.home / task
         folder.mkdir(parents=True)

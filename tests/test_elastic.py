@@ -1,5 +1,5 @@
 """Elastic trials in real execution (issue 6): a segment of ``g`` GPUs runs data-parallel
-through ``tasks.train.run_segment`` and its MLflow checkpoint resumes at another width; a
+through ``elastune.tasks.train.run_segment`` and its MLflow checkpoint resumes at another width; a
 width that cannot run is bad input unless the job allows the fallback to 1 GPU.
 
 Tolerance of the digits comparison: 2 gloo processes and 1 process train on the same global
@@ -18,12 +18,12 @@ import re
 import pytest
 import torch
 
-from planners.search.schedulers.base import Segment
-from planners.spec import SpecError, parse_job
-from planners.staging.plan import compile_plan
-from planners.staging.widths import check_widths, width_problem
-from tasks.tracking import Tracker
-from tasks.train import JobRef, SegmentReport, run_segment
+from elastune.planners.search.schedulers.base import Segment
+from elastune.planners.spec import SpecError, parse_job
+from elastune.planners.staging.plan import compile_plan
+from elastune.planners.staging.widths import check_widths, width_problem
+from elastune.tasks.tracking import Tracker
+from elastune.tasks.train import JobRef, SegmentReport, run_segment
 
 DIGITS = {"lr": 0.003, "width": 4, "dropout": 0.0, "optimizer": "adam", "batch_size": 128}
 ATOL = 1e-4

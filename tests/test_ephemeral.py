@@ -19,8 +19,8 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from infra.prefect_app import FACTORY
-from infra.server import new_database
+from elastune.infra.prefect_app import FACTORY
+from elastune.infra.server import new_database
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,7 +118,7 @@ def start(tmp_path: Path, command: str, env: dict[str, str], stderr: int) -> sub
     """``elastune <command> job.yaml`` in a process group of its own, so that the test can
     clean up whatever happens."""
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", command, str(tmp_path / "job.yaml")],
+        [sys.executable, "-m", "elastune.flows.cli", command, str(tmp_path / "job.yaml")],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -191,7 +191,9 @@ def test_a_killed_profile_leaves_no_calibration_run(tmp_path: Path, how: signal.
         return {int(line.split()[0]) for line in lines}
 
     def training() -> list[int]:  # the calibration run whose worker trains
-        runs = [pid for pid in children(profile.pid) if b"flows.cli\x00run\x00" in cmdline(pid)]
+        runs = [
+            pid for pid in children(profile.pid) if b"elastune.flows.cli\x00run\x00" in cmdline(pid)
+        ]
         return [run for run in runs if any(descends(pid, run) for pid in trained())]
 
     def folders() -> list[Path]:  # the calibration runs' throwaway folders (torch's cache aside)
@@ -255,7 +257,7 @@ import sys, threading
 from prefect import flow
 from prefect.events.worker import EventsWorker
 from prefect.settings import PREFECT_API_URL, get_current_settings
-from flows.ephemeral import early_server
+from elastune.flows.ephemeral import early_server
 
 @flow
 def one() -> int:
@@ -311,8 +313,8 @@ def run_script(script: str, home: Path, **settings: str) -> str:
 ANSWERED_FIRST = """
 import os, sys
 from pathlib import Path
-import flows.ephemeral as ephemeral
-from infra.server import wait_healthy
+import elastune.flows.ephemeral as ephemeral
+from elastune.infra.server import wait_healthy
 
 started = ephemeral.start_server
 
@@ -344,7 +346,7 @@ RECORDED = """
 import time
 from prefect import flow, task
 from prefect.client.orchestration import get_client
-from flows.ephemeral import early_server
+from elastune.flows.ephemeral import early_server
 
 @task
 def nothing() -> None:
@@ -387,7 +389,7 @@ def test_the_server_records_task_runs_in_batches_and_all_of_them(
 BLOCKS = """
 from prefect.client.orchestration import get_client
 from prefect.filesystems import LocalFileSystem
-from flows.ephemeral import early_server
+from elastune.flows.ephemeral import early_server
 
 with early_server() as ready:
     ready()

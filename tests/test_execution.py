@@ -1,4 +1,4 @@
-"""The execution plan (planners.execution): which admission policy a job gets, what
+"""The execution plan (elastune.planners.execution): which admission policy a job gets, what
 ``compute.packing`` does, and the mode a user reads; the policies' own decisions
 (planners.admission); and the mode as ``elastune run`` and ``elastune plan`` report it."""
 
@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import main
-from flows.pools import PoolSizer
-from infra.sizing import CapacityError, Demand, PoolBackend, Sizer, SizingRecord
-from planners.cost import read_catalog
-from planners.execution import execution_plan
-from planners.execution.compile import _check_in_flight
-from planners.search.schedulers.base import Segment
-from planners.spec import MAX_WORKERS, SpecError, parse_job
-from planners.staging.admission import StageSlots, WorkerCap
-from planners.staging.plan import Plan, Stage
-from planners.staging.stagepack import StagePacker
+from elastune.flows.cli import main
+from elastune.flows.pools import PoolSizer
+from elastune.infra.sizing import CapacityError, Demand, PoolBackend, Sizer, SizingRecord
+from elastune.planners.cost import read_catalog
+from elastune.planners.execution import execution_plan
+from elastune.planners.execution.compile import _check_in_flight
+from elastune.planners.search.schedulers.base import Segment
+from elastune.planners.spec import MAX_WORKERS, SpecError, parse_job
+from elastune.planners.staging.admission import StageSlots, WorkerCap
+from elastune.planners.staging.plan import Plan, Stage
+from elastune.planners.staging.stagepack import StagePacker
 from tests.test_bad_input import assert_rejected
 from tests.test_stagepack import JOB as PACKABLE
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import yaml
 
-from flows.cli import main
-from flows.forecast import HeldForecast
-from planners.cost import plan_job
-from planners.cost.local import LOCAL
-from planners.spec import SpecError, parse_job
-from planners.staging.plan import compile_plan
+from elastune.flows.cli import main
+from elastune.flows.forecast import HeldForecast
+from elastune.planners.cost import plan_job
+from elastune.planners.cost.local import LOCAL
+from elastune.planners.spec import SpecError, parse_job
+from elastune.planners.staging.plan import compile_plan
 from tests.test_bad_input import assert_rejected
 
 JOB = {
@@ -98,7 +98,7 @@ def test_the_jobs_tail_is_forecast_after_its_last_stage() -> None:
 
 
 def test_a_catalog_given_plans_on_its_types() -> None:
-    from planners.cost import read_catalog
+    from elastune.planners.cost import read_catalog
 
     spec = parse_job(job(profile={"seconds_per_unit": {1: 10.0}, "gpu": "A10G"}))
     report = plan_job(spec, catalog=read_catalog(), samples=20)
@@ -213,7 +213,7 @@ def test_a_planned_local_run_records_forecast_and_measurement(tmp_path: Path, st
 
 
 def test_calibration_jobs_are_full_waves_of_one_rung_or_two(tmp_path: Path) -> None:
-    from flows.calibrate import Run, calibration_job
+    from elastune.flows.calibrate import Run, calibration_job
 
     spec = parse_job(job(compute={"workers": 3}))
     small = calibration_job(spec, Run(4, 1), 3.0, tmp_path)
@@ -233,7 +233,7 @@ def test_calibration_jobs_are_full_waves_of_one_rung_or_two(tmp_path: Path) -> N
 def test_calibration_on_a_gpu_gives_each_device_one_segment(tmp_path: Path) -> None:
     """The plan's slots on a CUDA machine are its devices, and a slot's seconds per unit
     are a whole device's: 3 workers' segments sharing 2 GPUs would time shares instead."""
-    from flows.calibrate import Run, calibration_job
+    from elastune.flows.calibrate import Run, calibration_job
 
     spec = parse_job(job(compute={"workers": 3}))
     on_gpus = calibration_job(spec, Run(4, 1), 3.0, tmp_path, devices=2)
@@ -243,7 +243,7 @@ def test_calibration_on_a_gpu_gives_each_device_one_segment(tmp_path: Path) -> N
 
 
 def test_calibration_solves_the_overheads_and_falls_back_on_noise() -> None:
-    from flows.calibrate import Run, solve
+    from elastune.flows.calibrate import Run, solve
 
     # F = 2, o = 0.2, c = 0.05, t = 0.5 at a first level of 2 units; each job run twice,
     # 0.1 s apart. A new trial's segment of one level: 1.25 s; a resumed one: 1.2 s.
@@ -291,7 +291,7 @@ def test_the_calibrations_covariance_is_the_scatter_of_its_estimates() -> None:
     of F, o, c and t (relative) scatter as ``covariance`` says, from one calibration's
     walls (a little above: a median of 3 varies 0.449 times a run's variance, the
     formula takes pi / 6 = 0.52)."""
-    from flows.calibrate import Run, covariance, estimate
+    from elastune.flows.calibrate import Run, covariance, estimate
 
     exact = {Run(1, 1): 3.25, Run(8, 1): 12.0, Run(4, 6): 27.0, Run(8, 1, True): 16.8}
     jobs, sd = tuple(exact), 0.1
@@ -312,7 +312,7 @@ def test_calibration_tells_the_starts_spread_from_the_machines() -> None:
     """Four runs of each job, off by 0.1 s (the start) and by 5% of their segments'
     seconds (the machine), the two crossed: each job's variance is 4/3 (0.1**2 + (0.05 *
     s)**2), ``s`` its wall less the job's own 2 s."""
-    from flows.calibrate import Run, solve
+    from elastune.flows.calibrate import Run, solve
 
     exact = {Run(1, 1): 3.25, Run(4, 1): 7.0, Run(4, 3): 15.0, Run(4, 1, True): 9.4}
     signs = ((1, 1), (-1, 1), (1, -1), (-1, -1))
@@ -327,7 +327,7 @@ def test_calibration_tells_the_starts_spread_from_the_machines() -> None:
 
 
 def test_calibration_lengthens_short_units_past_the_timing_noise() -> None:
-    from flows.calibrate import MAX_LEVELS, UNITS_S, Run, runs
+    from elastune.flows.calibrate import MAX_LEVELS, UNITS_S, Run, runs
 
     long = runs(1.0, 60.0)  # long units: three levels are plenty
     assert long == (Run(1, 1), Run(4, 1), Run(4, 3), Run(4, 1, True))
@@ -340,7 +340,7 @@ def test_calibration_runs_more_waves_of_short_segments() -> None:
     """The cost of a wave comes from the extra waves of the second and fourth jobs: enough
     of them to last WAVES_S seconds, at least 4, and even: the fourth job resumes half its
     trials, which then fill whole waves."""
-    from flows.calibrate import SEGMENT_S, WAVES_S, Run, runs
+    from elastune.flows.calibrate import SEGMENT_S, WAVES_S, Run, runs
 
     assert runs(1.0, 60.0)[1] == Run(4, 1)  # one-minute units: 4 waves
     _, many, _, resumed = runs(1.0, 0.05)
@@ -384,7 +384,7 @@ def test_the_runs_speed_spread_widens_the_forecast_with_the_segments() -> None:
 
 
 def test_the_profile_section_keeps_a_matrix_row_to_a_line() -> None:
-    from flows.cli import profile_yaml
+    from elastune.flows.cli import profile_yaml
 
     cov = [[0.04, 0.01, 0.0, 0.0], [0.01, 0.01, 0.0, 0.0], [0.0] * 4, [0.0, 0.0, 0.0, 0.0025]]
     profile = {"seconds_per_unit": {1: 0.2}, "calibration_cov": cov, "calibration_dof": 6}

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from planners.spec.geometry import floor_log, hyperband_brackets, rung_levels, sha_bracket
+from elastune.planners.spec.geometry import floor_log, hyperband_brackets, rung_levels, sha_bracket
 
 # docs/algorithms.md §2.3: R = 81, r = 1, eta = 3.
 TABLE = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
-from planners.search import Result, StudyJournal, TuningLoop
-from planners.spec import distributions, parse_job
+from elastune.planners.search import Result, StudyJournal, TuningLoop
+from elastune.planners.spec import distributions, parse_job
 
 JOB = {
     "name": "t",

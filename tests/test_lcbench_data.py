@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import planners
-from planners.sim import lcbench_data
-from planners.sim.lcbench_data import FOLDER, TABLE, data_dir, task_table
-from planners.spec import SpecError
-from planners.spec.cache import cache_dir
+from elastune import planners
+from elastune.planners.sim import lcbench_data
+from elastune.planners.sim.lcbench_data import FOLDER, TABLE, data_dir, task_table
+from elastune.planners.spec import SpecError
+from elastune.planners.spec.cache import cache_dir
 
 # Task 3945 of the 1000-configuration table as first made (onnxruntime 1.31, x86):
 # (config, epoch) -> value, and each array's mean over the whole task.

@@ -6,9 +6,9 @@ import io
 
 import pytest
 
+from elastune.planners.sim import LCBenchSurrogate, LCBenchTable
+from elastune.tasks.context import TrialContext
 from examples.lcbench import train
-from planners.sim import LCBenchSurrogate, LCBenchTable
-from tasks.context import TrialContext
 
 
 class MemoryTracker:

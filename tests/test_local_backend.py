@@ -19,16 +19,16 @@ from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
 from prefect.settings import PREFECT_API_URL
 from prefect_aws import AwsCredentials
 
-from infra.backends import ecs_backend, local_backend, make_backend
-from infra.pools import read_pool, wait_for_worker
-from infra.sizing import (
+from elastune.infra.backends import ecs_backend, local_backend, make_backend
+from elastune.infra.pools import read_pool, wait_for_worker
+from elastune.infra.sizing import (
     MissingCredentials,
     NoWorker,
     PoolNotFound,
     PoolTypeMismatch,
     publish_sizing,
 )
-from infra.template import TEMPLATE_PATH
+from elastune.infra.template import TEMPLATE_PATH
 from tests.prefect_server import running_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]

@@ -1,5 +1,5 @@
-"""``python -m infra.local_cluster``: it prints where its server and pool are, and nothing it
-started outlives it, whether it is stopped (SIGTERM) or killed (SIGKILL); a node worker
+"""``python -m elastune.infra.local_cluster``: it prints where its server and pool are, and nothing
+it started outlives it, whether it is stopped (SIGTERM) or killed (SIGKILL); a node worker
 that dies is started again. A server's new home starts from a copy of Prefect's migrated
 database."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.server import new_database
-from planners.spec.cache import cache_dir
+from elastune.infra.server import new_database
+from elastune.planners.spec.cache import cache_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reason="/proc")]
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def alive(pids: set[int]) -> set[int]:
 def start_cluster(home: Path) -> tuple[subprocess.Popen, list[str]]:
     """The CLI with one node, and the ``export`` lines it printed once ready."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "infra.local_cluster", "--nodes", "1", "--home", str(home)],
+        [sys.executable, "-m", "elastune.infra.local_cluster", "--nodes", "1", "--home", str(home)],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
@@ -95,11 +95,11 @@ def test_a_dead_node_worker_is_started_again_and_a_stop_ends_everything(tmp_path
     process, _ = start_cluster(tmp_path)
     try:
         worker = tmp_path / "warm-node-0" / "worker.log"
-        (node,) = [p for p in descendants(process.pid) if "flows.segment" in cmdline(p)]
+        (node,) = [p for p in descendants(process.pid) if "elastune.flows.segment" in cmdline(p)]
         os.kill(node, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            again = [p for p in descendants(process.pid) if "flows.segment" in cmdline(p)]
+            again = [p for p in descendants(process.pid) if "elastune.flows.segment" in cmdline(p)]
             if again and again != [node]:
                 break
             time.sleep(0.2)

@@ -4,8 +4,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from planners.search import Result, StudyJournal, TuningLoop
-from planners.spec import parse_job
+from elastune.planners.search import Result, StudyJournal, TuningLoop
+from elastune.planners.spec import parse_job
 
 JOB = {
     "name": "t",

@@ -16,9 +16,9 @@ from optuna.distributions import (
 )
 from optuna.trial import TrialState
 
-from planners.samplers import MultiFidelityTpeSampler
-from planners.samplers.mftpe import MIN_BANDWIDTH, from_unit, magic_clip, to_unit
-from planners.sim.configs import RowDraw
+from elastune.planners.samplers import MultiFidelityTpeSampler
+from elastune.planners.samplers.mftpe import MIN_BANDWIDTH, from_unit, magic_clip, to_unit
+from elastune.planners.sim.configs import RowDraw
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -17,7 +17,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.exceptions import ObjectAlreadyExists
 
-from flows.nightly import tune_nightly
+from elastune.flows.nightly import tune_nightly
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

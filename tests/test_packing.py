@@ -10,8 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planners.staging import Assignment, DynamicFluid, Packer, Profile, Schedule, StaticFluid, Work
-from planners.staging.fluid import fifo_makespan
+from elastune.planners.staging import (
+    Assignment,
+    DynamicFluid,
+    Packer,
+    Profile,
+    Schedule,
+    StaticFluid,
+    Work,
+)
+from elastune.planners.staging.fluid import fifo_makespan
 
 SUBLINEAR = Profile.from_speeds({2: 1.8, 4: 3.2})
 HOUR = 3600.0
@@ -385,8 +393,8 @@ def test_with_sharing_no_rigid_schedule_meets_twice_the_bound():
 def test_docstring_examples_run():
     import doctest
 
-    import planners.staging.fluid
-    import planners.staging.packing
+    import elastune.planners.staging.fluid
+    import elastune.planners.staging.packing
 
-    assert doctest.testmod(planners.staging.packing).failed == 0
-    assert doctest.testmod(planners.staging.fluid).failed == 0
+    assert doctest.testmod(elastune.planners.staging.packing).failed == 0
+    assert doctest.testmod(elastune.planners.staging.fluid).failed == 0

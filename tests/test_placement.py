@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planners.staging import nodes_needed, place
+from elastune.planners.staging import nodes_needed, place
 
 widths = st.lists(st.sampled_from([0.25, 0.5, 1, 2, 3, 4, 8, 12]), max_size=30)
 per_node = st.sampled_from([1, 2, 4, 8])
@@ -133,6 +133,6 @@ def test_bad_input_names_the_value(gpus, per_node, nodes, message):
 def test_docstring_examples_run():
     import doctest
 
-    import planners.staging.placement
+    import elastune.planners.staging.placement
 
-    assert doctest.testmod(planners.staging.placement).failed == 0
+    assert doctest.testmod(elastune.planners.staging.placement).failed == 0

@@ -23,8 +23,8 @@ def imported_packages(path: Path) -> set[str]:
             continue
         for name in names:
             parts = name.split(".")
-            if parts[0] == "planners" and len(parts) > 1:
-                found.add(parts[1])
+            if parts[:2] == ["elastune", "planners"] and len(parts) > 2:
+                found.add(parts[2])
     return found
 
 

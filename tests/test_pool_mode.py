@@ -1,6 +1,6 @@
 """Work-pool mode against a real `prefect server`: warm node workers (`flows/segment.py`,
-started as `infra.local_cluster` does), and a flow run per segment on `prefect worker --type
-process`."""
+started as `elastune.infra.local_cluster` does), and a flow run per segment on `prefect worker
+--type process`."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from prefect.artifacts import Artifact
 from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 
-import flows.warm_pool
-from flows.cli import main
-from infra.local_cluster import create_warm_pool
-from infra.pools import read_pool
+import elastune.flows.warm_pool
+from elastune.flows.cli import main
+from elastune.infra.local_cluster import create_warm_pool
+from elastune.infra.pools import read_pool
 from tests.prefect_server import running_worker, segment_runs, warm_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
@@ -62,7 +62,7 @@ def test_segments_run_on_warm_nodes_one_per_free_slot(
 
     monkeypatch.setattr(PrefectClient, "__init__", building)
     # A job before this one on the session's server left its launch client open.
-    monkeypatch.setattr(flows.warm_pool, "_clients", {})
+    monkeypatch.setattr(elastune.flows.warm_pool, "_clients", {})
     with warm_nodes(prefect_api, tmp_path / "cluster", nodes=2, gpus_per_node=1, pool="warm"):
         code = main(["run", job, "--pool", "warm", "--json", *stores])
     out, err = capsys.readouterr()
@@ -177,7 +177,7 @@ def assert_sized_and_recorded(pool: str, summary: dict, tmp_path) -> None:
 def test_pool_mistakes_are_bad_input(
     pool, pool_type, message, tmp_path, stores, capsys, monkeypatch
 ) -> None:
-    monkeypatch.setattr("flows.pools.WORKER_TIMEOUT", 2.0)
+    monkeypatch.setattr("elastune.flows.pools.WORKER_TIMEOUT", 2.0)
     if pool_type == "elastune-warm":
         create_warm_pool(pool, tmp_path / "segments")
     elif pool_type:
@@ -194,7 +194,7 @@ def test_a_planned_job_on_warm_nodes_is_replanned_from_its_segments(
     # The cost planner sizes each stage, and the job re-plans from the segments its nodes
     # train: their time on the node, not the wait for one.
     monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.5")
-    monkeypatch.setattr(flows.warm_pool, "_clients", {})
+    monkeypatch.setattr(elastune.flows.warm_pool, "_clients", {})
     profile = {"seconds_per_unit": {1: 0.5}, "overhead_s": 0.5, "job_overhead_s": 3.0}
     job = write_job(tmp_path, profile=profile, budget={"deadline": 600})
     with warm_nodes(prefect_api, tmp_path / "cluster", nodes=2, gpus_per_node=1, pool="plans"):
@@ -217,7 +217,7 @@ def test_a_job_on_warm_nodes_stops_at_its_deadline(
     # nothing; every trial ends stopped, nothing is left running on the nodes.
     monkeypatch.setenv("ELASTUNE_TEST_PIDS", str(tmp_path / "pids.log"))
     monkeypatch.setenv("ELASTUNE_TEST_EPOCH_SECONDS", "0.5")
-    monkeypatch.setattr(flows.warm_pool, "_clients", {})
+    monkeypatch.setattr(elastune.flows.warm_pool, "_clients", {})
     job = write_job(
         tmp_path,
         trainable="tests.trainables:pid_logged_quadratic",

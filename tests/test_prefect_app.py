@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prefect.server.database.configurations import SQLITE_BEGIN_MODE, AioSqliteConfiguration
 
-from infra import prefect_app
+from elastune.infra import prefect_app
 
 BEGIN = AioSqliteConfiguration.begin_transaction  # Prefect's own
 

@@ -15,15 +15,15 @@ import yaml
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
-import flows.tune
-from flows.cli import main
-from flows.compiled import compile_job
-from flows.job import Job
-from flows.stored import stored_job
-from planners.search import Segment
-from planners.spec import parse_job
-from tasks.tracking import Tracker
-from tasks.train import JobRef, run_segment
+import elastune.flows.tune
+from elastune.flows.cli import main
+from elastune.flows.compiled import compile_job
+from elastune.flows.job import Job
+from elastune.flows.stored import stored_job
+from elastune.planners.search import Segment
+from elastune.planners.spec import parse_job
+from elastune.tasks.tracking import Tracker
+from elastune.tasks.train import JobRef, run_segment
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = {
@@ -104,7 +104,7 @@ def no_prefect(*args: object, **kwargs: object) -> None:
 
 
 def test_unknown_job_id_answers_before_prefect(tmp_path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(flows.tune, "resume", no_prefect)
+    monkeypatch.setattr(elastune.flows.tune, "resume", no_prefect)
     optuna.create_study(study_name="other", storage=f"sqlite:///{tmp_path}/optuna.db")
     for storage in (f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/none.db"):
         assert main(["resume", "no-such-job", "--storage", storage]) == 2
@@ -123,7 +123,7 @@ def test_unknown_job_id_answers_before_prefect(tmp_path, capsys, monkeypatch) ->
 def test_stores_and_pool_names_answer_before_prefect(
     override, field, tmp_path, stores, capsys, monkeypatch
 ) -> None:
-    monkeypatch.setattr(flows.tune, "tune_spec", no_prefect)
+    monkeypatch.setattr(elastune.flows.tune, "tune_spec", no_prefect)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(JOB))
     assert main(["run", str(path), *stores, "--set", override]) == 2

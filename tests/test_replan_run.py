@@ -13,19 +13,19 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows.compiled import compile_job
-from flows.job import Job, new_job_id
-from flows.replan import AT_RISK_TAG, InFlight
-from planners.cost import plan_job
-from planners.cost.held import Held
-from planners.cost.replan import Replanner
-from planners.cost.report import StageAllocation
-from planners.cost.simulate import PlanSimulator
-from planners.search import Result, Segment
-from planners.spec import parse_job
-from planners.staging import Profile, StagePacker
-from planners.staging.admission import StageSlots
-from tasks.train import SegmentReport
+from elastune.flows.compiled import compile_job
+from elastune.flows.job import Job, new_job_id
+from elastune.flows.replan import AT_RISK_TAG, InFlight
+from elastune.planners.cost import plan_job
+from elastune.planners.cost.held import Held
+from elastune.planners.cost.replan import Replanner
+from elastune.planners.cost.report import StageAllocation
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.search import Result, Segment
+from elastune.planners.spec import parse_job
+from elastune.planners.staging import Profile, StagePacker
+from elastune.planners.staging.admission import StageSlots
+from elastune.tasks.train import SegmentReport
 from tests.test_e2e import JOB, run_job
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import main
-from tasks.tracking import Tracker
+from elastune.flows.cli import main
+from elastune.tasks.tracking import Tracker
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 

@@ -15,7 +15,7 @@ import optuna
 import pytest
 import yaml
 
-from planners.search import StudyJournal
+from elastune.planners.search import StudyJournal
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ JOB = {
 def elastune(args: list[str], tmp: Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ELASTUNE_TEST_LOG": str(log)}
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args],
+        [sys.executable, "-m", "elastune.flows.cli", *args],
         cwd=ROOT,
         env=env,
         text=True,
@@ -127,10 +127,10 @@ def test_trial_run_left_untagged_by_a_killed_driver_is_taken_up(
 ) -> None:
     from mlflow import MlflowClient
 
-    from flows.compiled import compile_job
-    from flows.job import Job, new_job_id
-    from flows.tune import resume
-    from planners.spec import parse_job
+    from elastune.flows.compiled import compile_job
+    from elastune.flows.job import Job, new_job_id
+    from elastune.flows.tune import resume
+    from elastune.planners.spec import parse_job
 
     monkeypatch.chdir(tmp_path)  # local flow runs: their results stay under tmp_path
     spec = parse_job(

@@ -10,11 +10,18 @@ from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from benchmarks.baselines import PrunerScheduler, Repeat
-from planners.search import Action, Result, make_scheduler
-from planners.search.explore import draw, explore, perturb
-from planners.search.schedulers import Asha, Fifo, Hyperband, MedianStopping, Pbt, SuccessiveHalving
-from planners.spec import SpecError, parse_job
-from planners.spec.geometry import sha_bracket
+from elastune.planners.search import Action, Result, make_scheduler
+from elastune.planners.search.explore import draw, explore, perturb
+from elastune.planners.search.schedulers import (
+    Asha,
+    Fifo,
+    Hyperband,
+    MedianStopping,
+    Pbt,
+    SuccessiveHalving,
+)
+from elastune.planners.spec import SpecError, parse_job
+from elastune.planners.spec.geometry import sha_bracket
 
 JOB = {
     "name": "t",

@@ -28,8 +28,8 @@ from prefect.client.schemas.filters import (
 )
 from prefect_aws import AwsCredentials
 
-from flows.cli import main
-from infra.template import TEMPLATE_PATH
+from elastune.flows.cli import main
+from elastune.infra.template import TEMPLATE_PATH
 from tests.test_ecs_backend import ACCESS_KEY, SECRET_KEY, aws, fast_moto  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
@@ -142,7 +142,7 @@ def test_planted_credentials_appear_nowhere_the_job_wrote(prefect_api, tmp_path,
         "AWS_DEFAULT_REGION": "us-east-1",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "run", str(path), "--json", *stores],
+        [sys.executable, "-m", "elastune.flows.cli", "run", str(path), "--json", *stores],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -191,7 +191,7 @@ def test_credentials_of_an_ecs_pool_job_stay_out_of_its_output(
     import logging
 
     caplog.set_level(logging.DEBUG)
-    monkeypatch.setattr("flows.pools.WORKER_TIMEOUT", 1.0)
+    monkeypatch.setattr("elastune.flows.pools.WORKER_TIMEOUT", 1.0)
     save_block(BLOCK_KEY_ID, BLOCK_SECRET)
     with get_client(sync_client=True) as client:
         client.create_work_pool(

@@ -1,6 +1,6 @@
-from planners.search import Action, Decision, Result
-from planners.search.schedulers import Hyperband, SuccessiveHalving
-from planners.spec.geometry import sha_bracket
+from elastune.planners.search import Action, Decision, Result
+from elastune.planners.search.schedulers import Hyperband, SuccessiveHalving
+from elastune.planners.spec.geometry import sha_bracket
 
 
 def drain(scheduler):

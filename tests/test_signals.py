@@ -15,7 +15,7 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
-from flows.signals import HeldSignals
+from elastune.flows.signals import HeldSignals
 
 
 class Stopped(Exception):

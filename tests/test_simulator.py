@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planners.search import Action, Decision, Result, Scheduler, Segment
-from planners.search.schedulers import Fifo
-from planners.sim import Curve, LCBenchSurrogate, LCBenchTable, simulate, simulate_job
-from planners.sim.configs import RowDraw, TableSampler
-from planners.spec import SpecError, parse_job
+from elastune.planners.search import Action, Decision, Result, Scheduler, Segment
+from elastune.planners.search.schedulers import Fifo
+from elastune.planners.sim import Curve, LCBenchSurrogate, LCBenchTable, simulate, simulate_job
+from elastune.planners.sim.configs import RowDraw, TableSampler
+from elastune.planners.spec import SpecError, parse_job
 
 SPACE = {"x": {"type": "float", "low": 0.0, "high": 1.0}}
 
@@ -240,7 +240,7 @@ def test_simulate_job_bad_input_names_the_field(name, changes, kwargs, message):
 
 
 def test_preemptions_cost_time_and_gpu_seconds_but_change_no_decision() -> None:
-    from planners.sim import Preemption, simulate
+    from elastune.planners.sim import Preemption, simulate
 
     spec = parse_job(
         {
@@ -276,7 +276,7 @@ def test_preemptions_cost_time_and_gpu_seconds_but_change_no_decision() -> None:
 def test_a_segment_loses_only_the_epoch_in_progress() -> None:
     import numpy as np
 
-    from planners.sim import Preemption
+    from elastune.planners.sim import Preemption
 
     class Once:  # interrupted once, 250 s in, then never again
         def __init__(self):

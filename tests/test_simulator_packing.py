@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from planners.sim import Curve, Packing, simulate
-from planners.spec import parse_job
-from planners.staging import Profile
+from elastune.planners.sim import Curve, Packing, simulate
+from elastune.planners.spec import parse_job
+from elastune.planners.staging import Profile
 
 S = {2: 1.8, 4: 3.2, 8: 5.6}
 

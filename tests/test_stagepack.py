@@ -14,10 +14,10 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from planners.cost.catalog import parse_catalog, read_catalog
-from planners.search import Segment
-from planners.spec import parse_job
-from planners.staging import Plan, Profile, Stage, StagePacker, compile_plan, stage_packer
+from elastune.planners.cost.catalog import parse_catalog, read_catalog
+from elastune.planners.search import Segment
+from elastune.planners.spec import parse_job
+from elastune.planners.staging import Plan, Profile, Stage, StagePacker, compile_plan, stage_packer
 
 JOB = {
     "name": "wide",
@@ -194,7 +194,7 @@ def test_bad_arguments_name_the_value():
 
 @pytest.mark.slow
 def test_a_real_staged_job_runs_its_top_rung_survivor_at_width_two(tmp_path: Path, stores, capsys):
-    from flows.cli import main
+    from elastune.flows.cli import main
 
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(JOB))

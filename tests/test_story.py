@@ -48,7 +48,7 @@ def run_cli(tmp_path: Path, stores: list[str], api: str, job: dict) -> tuple[dic
     path.write_text(yaml.safe_dump(job))
     # A process of its own: the CLI's logging defaults are set before Prefect is imported.
     done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "run", str(path), "--json", *stores],
+        [sys.executable, "-m", "elastune.flows.cli", "run", str(path), "--json", *stores],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -104,7 +104,7 @@ def test_the_trials_the_jobs_end_stops_are_told(tmp_path, stores, prefect_api) -
 
 
 def test_a_deployment_style_run_is_renamed_after_its_job(tmp_path, prefect_api) -> None:
-    from flows.tune import tune
+    from elastune.flows.tune import tune
 
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({**JOB, "scheduler": {**JOB["scheduler"], "max_resource": 3}}))

@@ -11,7 +11,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from tasks.study_storage import SoleWriterStorage, driver_storage
+from elastune.tasks.study_storage import SoleWriterStorage, driver_storage
 
 SPACE = {
     "lr": FloatDistribution(1e-4, 0.3, log=True),
@@ -109,7 +109,7 @@ def test_a_new_study_database_is_optunas_empty_schema_made_once_per_machine(
     a job's study works in it."""
     import sqlite3
 
-    from tasks import study_storage
+    from elastune.tasks import study_storage
 
     monkeypatch.setenv("ELASTUNE_CACHE", str(tmp_path / "cache"))
     made = []

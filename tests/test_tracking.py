@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.context import TrialContext
-from tasks.tracking import Tracker
+from elastune.tasks.context import TrialContext
+from elastune.tasks.tracking import Tracker
 
 
 def context(tracker: Tracker, run_id: str, stop: float) -> TrialContext:
@@ -49,8 +49,8 @@ def test_no_checkpoint_means_a_fresh_trial(tmp_path: Path) -> None:
 
 
 def test_a_segment_whose_report_was_lost_is_recovered_not_failed(tmp_path: Path) -> None:
-    from planners.search import Segment
-    from tasks.train import JobRef, run_segment
+    from elastune.planners.search import Segment
+    from elastune.tasks.train import JobRef, run_segment
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     job = JobRef("job", "tests.trainables:quadratic", "val_accuracy", "max", 9, uri, "ckpt")
@@ -67,8 +67,8 @@ def test_a_segment_whose_report_was_lost_is_recovered_not_failed(tmp_path: Path)
 
 
 def test_a_segment_resumed_mid_way_reports_the_epochs_before_the_crash(tmp_path: Path) -> None:
-    from planners.search import Segment
-    from tasks.train import JobRef, run_segment
+    from elastune.planners.search import Segment
+    from elastune.tasks.train import JobRef, run_segment
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     job = JobRef("job", "tests.trainables:quadratic", "val_accuracy", "max", 9, uri, "ckpt")
@@ -87,7 +87,7 @@ def test_a_segment_resumed_mid_way_reports_the_epochs_before_the_crash(tmp_path:
 def test_a_spooled_segment_hands_its_newest_checkpoint_and_metrics_to_mlflow(
     tmp_path: Path,
 ) -> None:
-    from tasks.spool import Spool
+    from elastune.tasks.spool import Spool
 
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "ckpt")
     spool = Spool(tmp_path / "spool")
@@ -109,7 +109,7 @@ def test_a_spooled_segment_hands_its_newest_checkpoint_and_metrics_to_mlflow(
 def test_a_killed_spooled_segment_loses_only_what_followed_its_last_checkpoint(
     tmp_path: Path,
 ) -> None:
-    from tasks.spool import Spool
+    from elastune.tasks.spool import Spool
 
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "ckpt")
     spool = Spool(tmp_path / "spool")
@@ -183,8 +183,8 @@ def test_a_time_limit_that_falls_due_while_ctx_writes_leaves_the_store_unlocked(
 ) -> None:
     """The limit is raised into the training thread; were it raised inside one of MLflow's
     SQLite transactions, the store would stay locked for every other connection."""
-    from planners.search import Segment
-    from tasks.train import JobRef, run_segment
+    from elastune.planners.search import Segment
+    from elastune.tasks.train import JobRef, run_segment
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     trainable = "tests.trainables:checkpoints_until_stopped"

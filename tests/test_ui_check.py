@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from infra.ui_check import CHROMIUM, Expected, cron_text, deploy_and_check, read_page
-from infra.ui_job import check_job_ui
+from elastune.infra.ui_check import CHROMIUM, Expected, cron_text, deploy_and_check, read_page
+from elastune.infra.ui_job import check_job_ui
 
 
 def test_cron_text_describes_a_daily_cron_as_the_ui_does() -> None:

@@ -8,18 +8,18 @@ import threading
 
 import pytest
 
-from flows.segment import GpuGate, WorkerLost
-from flows.warm_pool import Placement, Placer, relaunched
-from infra.warm_nodes import Node
+from elastune.flows.segment import GpuGate, WorkerLost
+from elastune.flows.warm_pool import Placement, Placer, relaunched
+from elastune.infra.warm_nodes import Node
 
 
 @pytest.fixture
 def placer(monkeypatch) -> Placer:
     """Two live nodes: ``big`` of 2 GPUs and ``small`` of 1."""
     nodes = [Node("big", 2.0, 101), Node("small", 1.0, 102)]
-    monkeypatch.setattr("flows.warm_pool.live_nodes", lambda pool: nodes)
-    monkeypatch.setattr("flows.warm_pool.draining_nodes", lambda pool: set())
-    monkeypatch.setattr("flows.warm_pool.POLL_SECONDS", 0.01)
+    monkeypatch.setattr("elastune.flows.warm_pool.live_nodes", lambda pool: nodes)
+    monkeypatch.setattr("elastune.flows.warm_pool.draining_nodes", lambda pool: set())
+    monkeypatch.setattr("elastune.flows.warm_pool.POLL_SECONDS", 0.01)
     return Placer("warm")
 
 
@@ -57,7 +57,7 @@ def test_a_segment_wider_than_any_free_node_queues_then_waits(placer) -> None:
 
 
 def test_a_segment_is_launched_again_while_its_node_dies(monkeypatch) -> None:
-    monkeypatch.setattr("flows.warm_pool.time.sleep", lambda seconds: None)
+    monkeypatch.setattr("elastune.flows.warm_pool.time.sleep", lambda seconds: None)
     attempts: list[int] = []
 
     def launch(attempt: int) -> str:

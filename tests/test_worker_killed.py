@@ -1,7 +1,7 @@
 """Killed processes in work-pool mode: the process training a segment dies (SIGKILL)
 mid-segment, the segment is retried from the trial's last checkpoint and the job completes.
 
-A real `prefect server` and a warm pool of two nodes (`infra.local_cluster.warm_nodes`):
+A real `prefect server` and a warm pool of two nodes (`elastune.infra.local_cluster.warm_nodes`):
 each segment is a background task run in a node's warm worker, which is the process killed
 here, as a preempted instance would be; the other node (or the node's restarted worker)
 retries it. A segment killed after its last checkpoint but before its report is retried and
@@ -27,10 +27,10 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from flows.cli import main
-from planners.search import Segment
-from tasks.tracking import Tracker
-from tasks.train import JobRef, report_name, run_segment
+from elastune.flows.cli import main
+from elastune.planners.search import Segment
+from elastune.tasks.tracking import Tracker
+from elastune.tasks.train import JobRef, report_name, run_segment
 from tests.prefect_server import segment_runs, warm_nodes
 
 pytestmark = pytest.mark.slow
@@ -132,8 +132,8 @@ def test_killed_worker_process_is_retried_from_the_checkpoint(
 
 SEGMENT = """
 import json, sys
-from planners.search import Segment
-from tasks.train import JobRef, run_segment
+from elastune.planners.search import Segment
+from elastune.tasks.train import JobRef, run_segment
 job, segment, run_id = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 run_segment(JobRef(**job), Segment(**segment), {"x": 0.5}, run_id)
 """
@@ -184,7 +184,7 @@ def elastune(api: str, *args: str) -> subprocess.Popen:
     """The CLI in its own process group (a driver the test can kill), printing JSON."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": api}
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args, "--json"],
+        [sys.executable, "-m", "elastune.flows.cli", *args, "--json"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

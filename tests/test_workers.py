@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.workers import LocalWorkers, WorkerDied, fork_server_here
+from elastune.tasks.workers import LocalWorkers, WorkerDied, fork_server_here
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,7 +68,7 @@ def test_a_worker_sees_its_driver_as_it_is_now(tmp_path, monkeypatch) -> None:
 # A script without `if __name__ == "__main__"`: a worker never runs it again.
 FORKED = """
 import os, threading
-from tasks.workers import LocalWorkers, fork_server_here
+from elastune.tasks.workers import LocalWorkers, fork_server_here
 IMPORTED_BEFORE_THE_FORK = 7
 def seen():
     return IMPORTED_BEFORE_THE_FORK

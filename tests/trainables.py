@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from tasks.context import TrialContext
+from elastune.tasks.context import TrialContext
 
 
 def quadratic(

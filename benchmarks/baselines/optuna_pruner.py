@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import optuna
 from optuna.trial import TrialState
 
-from planners.search.schedulers.base import (
+from elastune.planners.search.schedulers.base import (
     Action,
     Decision,
     Result,

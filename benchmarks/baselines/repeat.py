@@ -6,8 +6,8 @@ barrier, or it is done), a fresh copy starts, so workers never idle while trials
 Trial ids are renumbered so copies never share one.
 
 Example:
-    >>> from planners.spec.geometry import sha_bracket
-    >>> from planners.search.schedulers import SuccessiveHalving
+    >>> from elastune.planners.spec.geometry import sha_bracket
+    >>> from elastune.planners.search.schedulers import SuccessiveHalving
     >>> sha = Repeat(lambda: SuccessiveHalving(sha_bracket(3, 1, 3, 3)), trials_per_copy=3)
     >>> [(j.trial, j.stop) for j in (sha.next_segment() for _ in range(4))]  # 4th: second copy
     [(0, 1), (1, 1), (2, 1), (3, 1)]
@@ -18,7 +18,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from planners.search.schedulers.base import Decision, Result, Scheduler, Segment, TrialCounter
+from elastune.planners.search.schedulers.base import (
+    Decision,
+    Result,
+    Scheduler,
+    Segment,
+    TrialCounter,
+)
 
 
 class Repeat(Scheduler):

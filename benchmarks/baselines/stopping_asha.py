@@ -28,13 +28,13 @@ import math
 
 import numpy as np
 
-from planners.search.schedulers.base import (
+from elastune.planners.search.schedulers.base import (
     Action,
     Decision,
     Result,
     Stopping,
 )
-from planners.spec.geometry import ladder_depth
+from elastune.planners.spec.geometry import ladder_depth
 
 
 class StoppingAsha(Stopping):

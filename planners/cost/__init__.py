@@ -1,10 +1,10 @@
 """Cost planning (docs/algorithms.md §4-§5): catalog, billing, simulator, planners.
 
 ``plan_job(spec, planner, catalog)`` is the entry point; ``draw_gantt`` (in
-``planners.cost.gantt``, which imports matplotlib) draws its report.
+``elastune.planners.cost.gantt``, which imports matplotlib) draws its report.
 
 The modules, from the inputs up: ``catalog`` and ``billing`` (instance types and their
-prices; the speed profile they are timed with is :class:`planners.staging.Profile`),
+prices; the speed profile they are timed with is :class:`elastune.planners.staging.Profile`),
 ``allocation`` (plans: GPUs per trial, instance type and nodes per stage), ``simulate``
 (``PlanSimulator``: JCT and cost by Monte Carlo, with ``draws``, ``layout``, ``pool``,
 ``interruptions`` (spot), ``held`` (the nodes and trials in flight), ``outcome`` and
@@ -14,7 +14,7 @@ first stage chosen for it), and ``job`` and ``report`` (a job file in, a report 
 
 Example (a small SHA job on the built-in catalog: one GPU per trial on one node is the
 cheapest plan that meets the two-hour deadline):
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "small", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9},
@@ -32,9 +32,9 @@ cheapest plan that meets the two-hour deadline):
     b0-r2 1 x 1.0 GPU on 1 g5.xlarge
 """
 
-from planners.cost.catalog import Catalog, parse_catalog, read_catalog
-from planners.cost.job import plan_job
-from planners.cost.report import InfeasibleError, PlanReport, StageAllocation
+from elastune.planners.cost.catalog import Catalog, parse_catalog, read_catalog
+from elastune.planners.cost.job import plan_job
+from elastune.planners.cost.report import InfeasibleError, PlanReport, StageAllocation
 
 __all__ = [
     "Catalog",

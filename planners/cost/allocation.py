@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from planners.cost.catalog import MARKETS
+from elastune.planners.cost.catalog import MARKETS
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ deadline is reported (the cheapest of all when none does), so the comparison is 
 the best static choice, not a strawman.
 
 Example:
-    >>> from planners.cost.catalog import parse_catalog
-    >>> from planners.staging import Profile
-    >>> from planners.cost.rubberband import RubberBand
-    >>> from planners.cost.simulate import PlanSimulator
-    >>> from planners.staging import Stage
+    >>> from elastune.planners.cost.catalog import parse_catalog
+    >>> from elastune.planners.staging import Profile
+    >>> from elastune.planners.cost.rubberband import RubberBand
+    >>> from elastune.planners.cost.simulate import PlanSimulator
+    >>> from elastune.planners.staging import Stage
     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
     >>> simulator = PlanSimulator(catalog, Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}))
@@ -36,11 +36,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planners.cost.allocation import AllocationPlan, StagePlan
-from planners.cost.outcome import Outcome
-from planners.cost.simulate import PlanSimulator
-from planners.cost.sizing import fastest_stage, split
-from planners.staging import Stage
+from elastune.planners.cost.allocation import AllocationPlan, StagePlan
+from elastune.planners.cost.outcome import Outcome
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.sizing import fastest_stage, split
+from elastune.planners.staging import Stage
 
 
 @dataclass(frozen=True)

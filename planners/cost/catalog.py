@@ -2,7 +2,7 @@
 
 The default catalog is ``planners/data/catalog.yaml`` (AWS us-east-1 on-demand list prices,
 with the date they were read). Users pass their own as YAML text or a mapping; every mistake
-is a :class:`~planners.spec.SpecError` naming the field. :func:`read_catalog` is the only
+is a :class:`~elastune.planners.spec.SpecError` naming the field. :func:`read_catalog` is the only
 function here that touches a file.
 
 Example:
@@ -17,10 +17,10 @@ Example:
     ...     "price_per_hour": 1.0, "spot": {"discount": 0.6, "interruptions_per_hour": 0.5}}}})
     >>> spot.get("g5.xlarge").price("spot"), spot.get("g5.xlarge").interruptions_per_second("spot")
     (0.4, 0.0001388888888888889)
-    >>> parse_catalog({"instance_types": {}})
+    >>> parse_catalog({"instance_types": {}})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    planners.spec.model.SpecError: catalog: instance_types: the catalog lists no instance types
+    elastune.planners.spec.model.SpecError: catalog: instance_types: the catalog lists no ...
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ import yaml
 from numpy.typing import NDArray
 from pydantic import Field, ValidationError, field_validator
 
-from planners.cost.billing import BillingRule
-from planners.spec import SpecError
-from planners.spec.load import format_error
-from planners.spec.model import StrictModel
+from elastune.planners.cost.billing import BillingRule
+from elastune.planners.spec import SpecError
+from elastune.planners.spec.load import format_error
+from elastune.planners.spec.model import StrictModel
 
 
 class Delay(StrictModel):
@@ -176,7 +176,7 @@ def parse_catalog(data: str | Mapping[str, Any], source: str = "catalog") -> Cat
 def read_catalog(path: str | Path | None = None) -> Catalog:
     """The catalog at ``path``, or elastune's default one. The only file read of planners/cost."""
     if path is None:
-        text = resources.files("planners").joinpath("data", "catalog.yaml").read_text()
+        text = resources.files("elastune.planners").joinpath("data", "catalog.yaml").read_text()
         return parse_catalog(text, "planners/data/catalog.yaml")
     try:
         text = Path(path).read_text()

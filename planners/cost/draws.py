@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from planners.cost.allocation import StagePlan
-from planners.cost.catalog import InstanceType
-from planners.cost.pool import Array
+from elastune.planners.cost.allocation import StagePlan
+from elastune.planners.cost.catalog import InstanceType
+from elastune.planners.cost.pool import Array
 
 # What each stream is for (its purpose).
 DURATION, QUEUE, STARTUP, LIFETIME = 0, 1, 2, 3

@@ -1,5 +1,5 @@
 """The profile a job learns from its own segments while it runs (docs/algorithms.md §5.8),
-for the re-planner (``planners.cost.replan``).
+for the re-planner (``elastune.planners.cost.replan``).
 
 :class:`ProfileEstimate` holds the profile the plan was made with (the prior) and the
 segments measured since. Each segment gives the ratio of its measured seconds (less the
@@ -25,7 +25,7 @@ data censored on the right). They move the ratio and the spread, not the unit ti
 certainty, which counts the finished segments alone.
 
 Example (the profile said 720 s per unit; eight segments on one GPU took twice that):
-    >>> from planners.staging import Profile
+    >>> from elastune.planners.staging import Profile
     >>> prior = Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2})
     >>> estimate = ProfileEstimate(prior)
     >>> for _ in range(8):
@@ -42,8 +42,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from planners.spec.covariance import SIZE
-from planners.staging import Profile, Timing
+from elastune.planners.spec.covariance import SIZE
+from elastune.planners.staging import Profile, Timing
 
 
 @dataclass

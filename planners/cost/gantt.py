@@ -8,12 +8,12 @@ spent so far and the GPUs held. Times are the plan played once with mean times a
 spot interruption (the nominal trace); the title gives the Monte Carlo p50/p95, which
 include them, and the legend every spot stage's expected interruptions.
 
-This module imports matplotlib (Agg backend), so ``planners.cost`` does not.
+This module imports matplotlib (Agg backend), so ``elastune.planners.cost`` does not.
 
 Example:
     >>> import tempfile, pathlib
-    >>> from planners.spec import parse_job
-    >>> from planners.cost import plan_job
+    >>> from elastune.planners.spec import parse_job
+    >>> from elastune.planners.cost import plan_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9},
@@ -39,8 +39,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.patches import Patch, Rectangle
 
-from planners.cost.report import PlanReport, format_duration
-from planners.cost.trace import NodeSpan, Trace
+from elastune.planners.cost.report import PlanReport, format_duration
+from elastune.planners.cost.trace import NodeSpan, Trace
 
 _PAD = 0.08  # vertical gap between instance rows, in row heights
 

@@ -4,7 +4,7 @@ them (docs/algorithms.md §5.8).
 A decision inside a stage (when its first wave has reported) cannot move the trials that
 have begun since: they run to their end on the nodes they hold. :class:`Held` names those
 nodes (the stage they were provisioned for) and how long each trial still running on them
-has run. The plan simulator (``planners.cost.simulate``) draws each one's segment time from
+has run. The plan simulator (``elastune.planners.cost.simulate``) draws each one's segment time from
 the profile given that it has run that long (:func:`left_after`), keeps its GPUs busy until
 it ends, and bills its node until then: the rest of the stage starts on a GPU once it is
 free, and the stage after it starts once every trial of this one has ended.
@@ -30,9 +30,9 @@ from statistics import NormalDist
 
 import numpy as np
 
-from planners.cost.allocation import StagePlan
-from planners.cost.pool import Array
-from planners.staging.placement import Placement
+from elastune.planners.cost.allocation import StagePlan
+from elastune.planners.cost.pool import Array
+from elastune.planners.staging.placement import Placement
 
 # The normal's upper tail by erfc, which keeps its precision where 1 - cdf would lose it.
 _tail = np.vectorize(lambda a: 0.5 * math.erfc(a / math.sqrt(2)), otypes=[float])

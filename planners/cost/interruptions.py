@@ -1,4 +1,4 @@
-"""Spot interruptions in the plan simulator (``planners.cost.simulate``) [OWN model].
+"""Spot interruptions in the plan simulator (``elastune.planners.cost.simulate``) [OWN model].
 
 A stage may run on spot instances (``StagePlan.market``), at the catalog's discounted
 price. Each running spot instance is interrupted as a Poisson process at the catalog's rate
@@ -23,8 +23,8 @@ prices spot nodes but plays no interruption (a mean run has a fraction of one).
 Example (two spot nodes kept at a barrier at 900 s; the first was interrupted at 600 s,
 billed up to then and replaced at once, its replacement ready 175 s later):
     >>> import numpy as np
-    >>> from planners.cost.allocation import GpuTier, StagePlan
-    >>> from planners.cost.catalog import read_catalog
+    >>> from elastune.planners.cost.allocation import GpuTier, StagePlan
+    >>> from elastune.planners.cost.catalog import read_catalog
     >>> g5 = read_catalog().get("g5.xlarge")
     >>> stage = StagePlan(0, 1, (GpuTier(2, 1.0, 1.0),), "g5.xlarge", 2, market="spot")
     >>> fails = np.array([[600.0, 5000.0]])
@@ -40,10 +40,10 @@ import dataclasses
 
 import numpy as np
 
-from planners.cost.allocation import StagePlan
-from planners.cost.draws import SPOT, Draws
-from planners.cost.pool import Array, NodePool
-from planners.staging.placement import Placement
+from elastune.planners.cost.allocation import StagePlan
+from elastune.planners.cost.draws import SPOT, Draws
+from elastune.planners.cost.pool import Array, NodePool
+from elastune.planners.staging.placement import Placement
 
 MAX_ROUNDS = 1000  # replacements per node and stage before a stage counts as never ending
 

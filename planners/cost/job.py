@@ -7,12 +7,12 @@ number of trials itself from the scheduler's ``eta``, ``min_resource`` and
 ``max_resource``, and needs both a deadline and a budget.
 
 A job on this machine (the local pool, or ``compute.instance_types: [local]``) is planned
-on the ``local`` type (:mod:`planners.cost.local`): its slots, its price, no catalog.
+on the ``local`` type (:mod:`elastune.planners.cost.local`): its slots, its price, no catalog.
 
 A job that ``elastune run`` re-plans after its first wave (``replanned``: every job
-RubberBand plans, :mod:`flows.replan`) starts from
-:func:`~planners.cost.recourse.recourse_start`'s plan where there is one (one chain, a
-deadline, on-demand, at most :data:`~planners.cost.recourse.MAX_OPTIONS` first-stage
+RubberBand plans, :mod:`elastune.flows.replan`) starts from
+:func:`~elastune.planners.cost.recourse.recourse_start`'s plan where there is one (one chain, a
+deadline, on-demand, at most :data:`~elastune.planners.cost.recourse.MAX_OPTIONS` first-stage
 options, not free): its first stage chosen for the re-planning to come, the rest
 RubberBand's; the report names RubberBand's own first stage, or why the start is its.
 
@@ -21,7 +21,7 @@ and the p95 JCT, interruptions included, still meets the deadline. SEER ignores 
 plans on-demand capacity (the report says so). Static baselines are on-demand pools.
 
 Example:
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9},
@@ -41,20 +41,20 @@ import math
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
-from planners.cost.allocation import AllocationPlan
-from planners.cost.baselines import static_baselines
-from planners.cost.catalog import Catalog, read_catalog
-from planners.cost.local import check_brackets, local_catalog, local_slots, plans_local
-from planners.cost.outcome import Outcome
-from planners.cost.recourse import MAX_OPTIONS, NoStart, first_options, recourse_start
-from planners.cost.replan import Replanner
-from planners.cost.report import PlanReport, Problem, format_duration, rows_for
-from planners.cost.rubberband import Move, RubberBand
-from planners.cost.seer import Seer
-from planners.cost.simulate import PlanSimulator
-from planners.cost.sizing import chains_of
-from planners.spec import JobSpec, SpecError
-from planners.staging import Profile, compile_plan
+from elastune.planners.cost.allocation import AllocationPlan
+from elastune.planners.cost.baselines import static_baselines
+from elastune.planners.cost.catalog import Catalog, read_catalog
+from elastune.planners.cost.local import check_brackets, local_catalog, local_slots, plans_local
+from elastune.planners.cost.outcome import Outcome
+from elastune.planners.cost.recourse import MAX_OPTIONS, NoStart, first_options, recourse_start
+from elastune.planners.cost.replan import Replanner
+from elastune.planners.cost.report import PlanReport, Problem, format_duration, rows_for
+from elastune.planners.cost.rubberband import Move, RubberBand
+from elastune.planners.cost.seer import Seer
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.sizing import chains_of
+from elastune.planners.spec import JobSpec, SpecError
+from elastune.planners.staging import Profile, compile_plan
 
 PLANNERS = ("rubberband", "seer")
 

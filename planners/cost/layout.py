@@ -1,5 +1,5 @@
 """A stage laid out for the simulator: where its trials run and how long each one's segment
-takes, from the profile (``planners.cost.simulate``).
+takes, from the profile (``elastune.planners.cost.simulate``).
 
 Each trial's segment has a mean and an sd (:meth:`Profile.segment`), and terms that the
 calibration's own error moves in every segment of a run alike (``basis``: 1 for the
@@ -7,9 +7,9 @@ segment's ``overhead_s``, 1 on a trial's first segment for ``trial_overhead_s``,
 units' seconds for the relative error of ``seconds_per_unit``; ``Profile.calibration_cov``).
 
 Example (two trials of 3 units on one GPU each, a unit of 2 s, 0.5 s a segment around it):
-    >>> from planners.cost.allocation import GpuTier, StagePlan
-    >>> from planners.cost.catalog import parse_catalog
-    >>> from planners.staging import Profile
+    >>> from elastune.planners.cost.allocation import GpuTier, StagePlan
+    >>> from elastune.planners.cost.catalog import parse_catalog
+    >>> from elastune.planners.staging import Profile
     >>> node = parse_catalog({"instance_types": {"box": {
     ...     "gpus": 2, "gpu": "any", "price_per_hour": 1.0}}}).get("box")
     >>> stage = StagePlan(0, 0, (GpuTier(2, 1.0, 3.0),), "box", 1)
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planners.cost.allocation import StagePlan
-from planners.cost.catalog import InstanceType
-from planners.cost.pool import Array
-from planners.staging import Profile, StaticFluid, Work, best_rigid, place
-from planners.staging.placement import Placement
+from elastune.planners.cost.allocation import StagePlan
+from elastune.planners.cost.catalog import InstanceType
+from elastune.planners.cost.pool import Array
+from elastune.planners.staging import Profile, StaticFluid, Work, best_rigid, place
+from elastune.planners.staging.placement import Placement
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def stage_layout(profile: Profile, stage: StagePlan, instance: InstanceType) -> 
 def packed(profile: Profile, stage: StagePlan, instance: InstanceType) -> StagePlan:
     """The stage as Fluid runs it (docs/algorithms.md §6.3): its trials are packed over the
     stage's ``instances x gpus`` GPUs, each trial's workers on one node (StaticFluid, or
-    one width for all where that is shorter: :func:`planners.staging.fluid.best_rigid`),
+    one width for all where that is shorter: :func:`elastune.planners.staging.fluid.best_rigid`),
     and take those widths; the nodes, and so the bill's shape, stay the plan's. Where the
     widths would need a slot structure that best-fit placement cannot hold, the stage as
     planned."""

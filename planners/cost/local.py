@@ -16,7 +16,7 @@ workers must share a node): a data-parallel trial over several CUDA devices is p
 catalog type instead.
 
 Example:
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "compute": {"workers": 3, "price_per_hour": 0.3}})
@@ -32,9 +32,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from planners.cost.billing import BillingRule
-from planners.cost.catalog import Catalog, InstanceType
-from planners.spec import JobSpec, SpecError
+from elastune.planners.cost.billing import BillingRule
+from elastune.planners.cost.catalog import Catalog, InstanceType
+from elastune.planners.spec import JobSpec, SpecError
 
 LOCAL = "local"
 

@@ -19,7 +19,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from planners.cost.pool import Array, NodePool
+from elastune.planners.cost.pool import Array, NodePool
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ was requested, when it is ready, and when it will be interrupted (spot only).
 Example (two on-demand nodes, requested at 0, ready after 2 minutes, released at 1 h,
 billed by the second from request; one released early pays its minimum charge):
     >>> import numpy as np
-    >>> from planners.cost.catalog import read_catalog
+    >>> from elastune.planners.cost.catalog import read_catalog
     >>> g5 = read_catalog().get("g5.xlarge")
     >>> pool = NodePool(g5, "on-demand", np.zeros((1, 2)), np.full((1, 2), 120.0))
     >>> pool.count, pool.bill(np.array([3600.0]))
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from planners.cost.catalog import InstanceType
+from elastune.planners.cost.catalog import InstanceType
 
 Array = NDArray[np.float64]
 

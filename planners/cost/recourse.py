@@ -2,13 +2,13 @@
 §5.10): its first stage chosen for the re-planning to come, not for the profile alone.
 
 RubberBand's plan is the cheapest one if the profile is right. A job re-planned in flight
-(:mod:`planners.cost.replan`) learns what the profile got wrong from its first wave, and
+(:mod:`elastune.planners.cost.replan`) learns what the profile got wrong from its first wave, and
 everything not begun by then is bought knowing it; the trials begun when that wave has
 reported (the wave and, on each slot it freed, the next trial: :func:`begun`) are all
 that a wrong profile buys before anything is measured. So :func:`recourse_start` costs
 each of RubberBand's options for the first stage under every error the profile may have
 (``points`` equally likely errors, the quantiles of a lognormal with relative sd
-``prior_error``, the one :class:`~planners.cost.estimate.ProfileEstimate` gives the
+``prior_error``, the one :class:`~elastune.planners.cost.estimate.ProfileEstimate` gives the
 profile): the trials it has begun, then the cheapest plan for the rest made knowing the
 error, or its own plan kept whole where that costs less and meets the deadline. It starts
 the job on the option whose cost is, on the mean over the errors, the nearest to the
@@ -33,9 +33,9 @@ job's brackets start side by side.
 Example (RubberBand's plan runs the first stage on one 4-GPU node, two trials at a time
 on two GPUs each; the recourse start runs all nine at once on single-GPU nodes, the
 cheapest GPUs whatever the error, and learns the speed from nine segments):
-    >>> from planners.cost.catalog import read_catalog
-    >>> from planners.cost.replan import Replanner
-    >>> from planners.staging import Profile, Stage
+    >>> from elastune.planners.cost.catalog import read_catalog
+    >>> from elastune.planners.cost.replan import Replanner
+    >>> from elastune.planners.staging import Profile, Stage
     >>> job = [Stage(0, 0, 9, 0, 1), Stage(0, 1, 3, 1, 3), Stage(0, 2, 1, 3, 9)]
     >>> profile = Profile.from_scaling(240, speedup={2: 1.8, 4: 3.2}, segment_cv=0.1)
     >>> types = ["g5.xlarge", "g5.12xlarge"]
@@ -58,12 +58,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from planners.cost.allocation import AllocationPlan, StagePlan
-from planners.cost.estimate import ProfileEstimate
-from planners.cost.held import Held
-from planners.cost.replan import Replanner, begun, first_wave, left_to_run, part
-from planners.cost.sizing import chains_of
-from planners.staging import Profile, Stage, Timing
+from elastune.planners.cost.allocation import AllocationPlan, StagePlan
+from elastune.planners.cost.estimate import ProfileEstimate
+from elastune.planners.cost.held import Held
+from elastune.planners.cost.replan import Replanner, begun, first_wave, left_to_run, part
+from elastune.planners.cost.sizing import chains_of
+from elastune.planners.staging import Profile, Stage, Timing
 
 #: The most first-stage options a start is chosen among in ``plan_job``: each costs
 #: ``points + 1`` RubberBand plans of the rest (32 options, 27 trials on two types: 1-6 s;

@@ -1,15 +1,15 @@
 """Re-planning in flight (docs/algorithms.md §5.8): at each stage barrier, and inside a stage
 once its first wave has reported, whether to keep the plan of the work left, under the
-profile learnt from the job's own segments (``planners.cost.estimate``).
+profile learnt from the job's own segments (``elastune.planners.cost.estimate``).
 
 :class:`Replanner` decides, given the plan, the trials finished per stage, the seconds
 elapsed and the dollars spent, the updated profile and the nodes each chain holds
-(:class:`~planners.cost.held.Held`: those of the stage it is running or has just finished,
+(:class:`~elastune.planners.cost.held.Held`: those of the stage it is running or has just finished,
 and the trials still running on them). The trials not begun are the work left: inside a
 stage, its trials not begun are a stage of their own, whose concurrency the new plan may
 change, while those running end where they are. It prices the plan of the work left with
-:class:`~planners.cost.simulate.PlanSimulator` and lets
-:class:`~planners.cost.rubberband.RubberBand` plan it afresh against what is left of the
+:class:`~elastune.planners.cost.simulate.PlanSimulator` and lets
+:class:`~elastune.planners.cost.rubberband.RubberBand` plan it afresh against what is left of the
 deadline, each chain on the nodes it holds (a next stage that keeps them pays no startup,
 and starts on a GPU once the trial running there has ended).
 The greedy runs from its usual starts, from the kept plan (a kept plan that meets the
@@ -29,10 +29,10 @@ on the held type while a pool of another type for several stages is cheaper. The
 - ``on_track``: keep the plan.
 
 Example (the profile said 720 s per unit; the first stage measured twice that):
-    >>> from planners.cost.catalog import parse_catalog
-    >>> from planners.cost.estimate import ProfileEstimate
-    >>> from planners.cost.held import Held
-    >>> from planners.staging import Profile, Stage
+    >>> from elastune.planners.cost.catalog import parse_catalog
+    >>> from elastune.planners.cost.estimate import ProfileEstimate
+    >>> from elastune.planners.cost.held import Held
+    >>> from elastune.planners.staging import Profile, Stage
     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
     >>> prior = Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2})
@@ -58,13 +58,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from planners.cost.allocation import AllocationPlan, StagePlan
-from planners.cost.catalog import Catalog
-from planners.cost.held import Held
-from planners.cost.outcome import Outcome
-from planners.cost.rubberband import RubberBand, RubberBandResult
-from planners.cost.simulate import PlanSimulator
-from planners.staging import Profile, Stage, place
+from elastune.planners.cost.allocation import AllocationPlan, StagePlan
+from elastune.planners.cost.catalog import Catalog
+from elastune.planners.cost.held import Held
+from elastune.planners.cost.outcome import Outcome
+from elastune.planners.cost.rubberband import RubberBand, RubberBandResult
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.staging import Profile, Stage, place
 
 # The quantiles a plan may meet the deadline at when none meets it at the replanner's own,
 # highest first: the plan chosen then is the cheapest with the best chance at it.

@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from planners.cost.allocation import AllocationPlan
-from planners.cost.baselines import Baseline
-from planners.cost.catalog import Catalog
-from planners.cost.local import LOCAL
-from planners.cost.outcome import Outcome
-from planners.cost.trace import Trace
-from planners.spec import SpecError
-from planners.staging import place
+from elastune.planners.cost.allocation import AllocationPlan
+from elastune.planners.cost.baselines import Baseline
+from elastune.planners.cost.catalog import Catalog
+from elastune.planners.cost.local import LOCAL
+from elastune.planners.cost.outcome import Outcome
+from elastune.planners.cost.trace import Trace
+from elastune.planners.spec import SpecError
+from elastune.planners.staging import place
 
 
 class InfeasibleError(SpecError):

@@ -40,10 +40,10 @@ its share runs them in waves. Instance types that another type dominates (same n
 and billing, no slower, no dearer, no slower to start) are skipped.
 
 Example (docs/algorithms.md §5.6):
-    >>> from planners.cost.catalog import parse_catalog
-    >>> from planners.staging import Profile
-    >>> from planners.cost.simulate import PlanSimulator
-    >>> from planners.staging import Stage
+    >>> from elastune.planners.cost.catalog import parse_catalog
+    >>> from elastune.planners.staging import Profile
+    >>> from elastune.planners.cost.simulate import PlanSimulator
+    >>> from elastune.planners.staging import Stage
     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
     >>> simulator = PlanSimulator(catalog, Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}))
@@ -64,12 +64,12 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from planners.cost.allocation import AllocationPlan, StagePlan
-from planners.cost.catalog import MARKETS, InstanceType
-from planners.cost.outcome import Outcome, upper_quantile
-from planners.cost.outcome import quantile as _quantile
-from planners.cost.simulate import PlanSimulator
-from planners.cost.sizing import (
+from elastune.planners.cost.allocation import AllocationPlan, StagePlan
+from elastune.planners.cost.catalog import MARKETS, InstanceType
+from elastune.planners.cost.outcome import Outcome, upper_quantile
+from elastune.planners.cost.outcome import quantile as _quantile
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.sizing import (
     build_stage,
     chain_work,
     chains_of,
@@ -78,8 +78,8 @@ from planners.cost.sizing import (
     shrink_pool,
     split,
 )
-from planners.spec import SpecError
-from planners.staging import Stage
+from elastune.planners.spec import SpecError
+from elastune.planners.staging import Stage
 
 _TOLERANCE = 1e-9  # a neighbour must be cheaper by more than float noise
 

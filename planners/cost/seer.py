@@ -31,12 +31,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from planners.cost.catalog import InstanceType
-from planners.cost.outcome import Outcome
-from planners.cost.simulate import PlanSimulator
-from planners.spec import SpecError
-from planners.staging import nodes_needed
+from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
+from elastune.planners.cost.catalog import InstanceType
+from elastune.planners.cost.outcome import Outcome
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.spec import SpecError
+from elastune.planners.staging import nodes_needed
 
 _SLACK = 1e-9  # progress exactly on target (3 + 6 = 9 epochs) meets it
 

@@ -12,24 +12,25 @@ and runs its trials one after another, each segment's time drawn from the profil
 CLT per segment plus the straggler spread) times the run's speed (``run_cv``: one draw per
 sample for all its segments). Where the profile was calibrated, the calibration's error in
 its overheads and unit time (``calibration_cov``) is drawn once per sample too, and moves
-the job's overhead and every segment of the sample alike (``planners.cost.layout``): a
+the job's overhead and every segment of the sample alike (``elastune.planners.cost.layout``): a
 forecast made from a few short runs is uncertain by more than the runs' own spread. The
 stage ends with its last slot. Every node is billed by its type's rule from request (or from
 running) to release. Chains run side by side; JCT is the last chain's end.
 
 Spot capacity: a stage may run on spot instances (``StagePlan.market``), at the catalog's
-discounted price, interrupted and replaced as ``planners.cost.interruptions`` models.
+discounted price, interrupted and replaced as ``elastune.planners.cost.interruptions`` models.
 
 Random draws are keyed by (bracket, rung) and a seed, so every candidate plan is priced on
 the same stragglers, startup draws and spot lifetimes (common random numbers,
-``planners.cost.draws``), and results per chain are cached: a planner that changes one stage
-re-simulates one chain. Results are in ``planners.cost.outcome``, the nominal trace in
-``planners.cost.trace``, the nodes and their bills in ``planners.cost.pool``.
+``elastune.planners.cost.draws``), and results per chain are cached: a planner that changes one
+stage re-simulates one chain. Results are in ``elastune.planners.cost.outcome``, the nominal trace
+in
+``elastune.planners.cost.trace``, the nodes and their bills in ``elastune.planners.cost.pool``.
 
 Example (docs/algorithms.md §5.6, plan (4,4,4)):
-    >>> from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-    >>> from planners.cost.catalog import parse_catalog
-    >>> from planners.staging import Profile
+    >>> from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
+    >>> from elastune.planners.cost.catalog import parse_catalog
+    >>> from elastune.planners.staging import Profile
     >>> catalog = parse_catalog({"instance_types": {"p3.8xlarge": {
     ...     "gpus": 4, "gpu": "V100", "price_per_hour": 12.24, "startup": {"mean_s": 180}}}})
     >>> profile = Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2})
@@ -49,16 +50,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planners.cost.allocation import AllocationPlan, StagePlan
-from planners.cost.catalog import Catalog, InstanceType
-from planners.cost.draws import DURATION, HELD, LIFETIME, QUEUE, RUNNING, STARTUP, Draws
-from planners.cost.held import Held, gpu_free, left_after, slot_free
-from planners.cost.interruptions import while_busy, while_idle
-from planners.cost.layout import StageLayout, packed, stage_layout
-from planners.cost.outcome import ChainRun, Outcome
-from planners.cost.pool import Array, NodePool
-from planners.cost.trace import Trace
-from planners.staging import Profile
+from elastune.planners.cost.allocation import AllocationPlan, StagePlan
+from elastune.planners.cost.catalog import Catalog, InstanceType
+from elastune.planners.cost.draws import DURATION, HELD, LIFETIME, QUEUE, RUNNING, STARTUP, Draws
+from elastune.planners.cost.held import Held, gpu_free, left_after, slot_free
+from elastune.planners.cost.interruptions import while_busy, while_idle
+from elastune.planners.cost.layout import StageLayout, packed, stage_layout
+from elastune.planners.cost.outcome import ChainRun, Outcome
+from elastune.planners.cost.pool import Array, NodePool
+from elastune.planners.cost.trace import Trace
+from elastune.planners.staging import Profile
 
 
 @dataclass
@@ -153,9 +154,9 @@ class PlanSimulator:
             StaticFluid packs them at over the stage's GPUs (its nodes), not the plan's
             GPUs per trial (see :meth:`packed`).
         holding: Per bracket, the nodes its chain holds in flight, for a job re-planned
-            while it runs (``planners.cost.replan``): the chain starts on the nodes of the
+            while it runs (``elastune.planners.cost.replan``): the chain starts on the nodes of the
             stage it is running or has just finished, ready at time 0, busy until the
-            trials still running on them end (``planners.cost.held``); a bracket whose
+            trials still running on them end (``elastune.planners.cost.held``); a bracket whose
             plan holds no stage but runs trials ends with them. Monte Carlo runs only (the
             nominal trace starts empty).
     """
@@ -236,7 +237,7 @@ class PlanSimulator:
 
     def world(self, seed: int) -> PlanSimulator:
         """A simulator like this one with one sample and ``seed``: one world in which a
-        plan is run, and decided on, stage by stage (``planners.cost.spot_deadline``)."""
+        plan is run, and decided on, stage by stage (``elastune.planners.cost.spot_deadline``)."""
         return PlanSimulator(
             self.catalog,
             self.profile,
@@ -324,7 +325,7 @@ class PlanSimulator:
 
     def running(self, bracket: int) -> Array:
         """Seconds left (S x r) of the trials running on the nodes ``bracket`` holds, each
-        drawn given the time it has run (``planners.cost.held``); cached."""
+        drawn given the time it has run (``elastune.planners.cost.held``); cached."""
         left = self._running.get(bracket)
         if left is None:
             held = self.holding[bracket]
@@ -479,6 +480,6 @@ class PlanSimulator:
         return self._layouts[key]
 
     def packed(self, stage: StagePlan, instance: InstanceType) -> StagePlan:
-        """The stage as this simulator runs it: :func:`planners.cost.layout.packed` with
+        """The stage as this simulator runs it: :func:`elastune.planners.cost.layout.packed` with
         packing, else as planned."""
         return packed(self.profile, stage, instance) if self.packing else stage

@@ -7,8 +7,8 @@ proportion to its work.
 
 Example (9 trials of 2 GPUs on 4-GPU nodes: 2 per node, all at once on 5 nodes; or on 3,
 in two waves):
-    >>> from planners.cost.catalog import read_catalog
-    >>> from planners.staging import Stage
+    >>> from elastune.planners.cost.catalog import read_catalog
+    >>> from elastune.planners.staging import Stage
     >>> node = read_catalog().get("g5.12xlarge")
     >>> stage = build_stage(Stage(0, 0, 9, 0, 1), 2.0, node, cap=None)
     >>> per_node(node, 2.0), stage.instances, fewer_nodes(stage, node)
@@ -23,9 +23,9 @@ import math
 from collections.abc import Sequence
 from itertools import groupby
 
-from planners.cost.allocation import GpuTier, StagePlan
-from planners.cost.catalog import Catalog, InstanceType
-from planners.staging import Profile, Stage, place
+from elastune.planners.cost.allocation import GpuTier, StagePlan
+from elastune.planners.cost.catalog import Catalog, InstanceType
+from elastune.planners.staging import Profile, Stage, place
 
 
 def chains_of(stages: Sequence[Stage]) -> list[list[Stage]]:

@@ -14,18 +14,18 @@ the pool, so this never counts a startup it would not pay). Progress that ran ah
 forecast buys later stages back onto spot; progress that fell behind moves them to
 on-demand, where the rest of the job is no longer exposed to interruptions. A reclaimed
 spot instance is replaced and its segments resume from their last checkpoint (the
-simulator's spot model, ``planners.cost.simulate``).
+simulator's spot model, ``elastune.planners.cost.simulate``).
 
 :meth:`SpotDeadline.play` runs a plan under the rule in one world: a
-:class:`~planners.cost.simulate.PlanSimulator` with one sample, whose seed is the
+:class:`~elastune.planners.cost.simulate.PlanSimulator` with one sample, whose seed is the
 interruption trace (and the stragglers and delays). :func:`plan_spot` chooses the
 on-demand plan the rule starts from: one made for a share of the deadline, which leaves
 the rest as slack for spot.
 
 Example (a loose deadline: every stage on spot; a tight one: the last stage on-demand):
-    >>> from planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-    >>> from planners.cost.catalog import parse_catalog
-    >>> from planners.staging import Profile
+    >>> from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
+    >>> from elastune.planners.cost.catalog import parse_catalog
+    >>> from elastune.planners.staging import Profile
     >>> catalog = parse_catalog({"instance_types": {"g5.xlarge": {"gpus": 1, "gpu": "A10G",
     ...     "price_per_hour": 1.0, "startup": {"mean_s": 120},
     ...     "spot": {"discount": 0.6, "interruptions_per_hour": 2.0}}}})
@@ -50,11 +50,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from planners.cost.allocation import AllocationPlan, StagePlan
-from planners.cost.outcome import quantile
-from planners.cost.rubberband import RubberBand
-from planners.cost.simulate import PlanSimulator
-from planners.staging import Stage
+from elastune.planners.cost.allocation import AllocationPlan, StagePlan
+from elastune.planners.cost.outcome import quantile
+from elastune.planners.cost.rubberband import RubberBand
+from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.staging import Stage
 
 
 class SpotDeadline:

@@ -1,10 +1,10 @@
 """The nominal trace: a plan played once with mean times and mean delays, node by node.
 
-It is what the Gantt chart draws (``planners.cost.gantt``); the plan simulator records it
-(:meth:`planners.cost.simulate.PlanSimulator.trace`).
+It is what the Gantt chart draws (``elastune.planners.cost.gantt``); the plan simulator records it
+(:meth:`elastune.planners.cost.simulate.PlanSimulator.trace`).
 
 Example:
-    >>> from planners.cost.catalog import read_catalog
+    >>> from elastune.planners.cost.catalog import read_catalog
     >>> trace = Trace()
     >>> trace.request(0, read_catalog().get("g5.xlarge"), "on-demand", 0.0, [120.0, 150.0])
     (0, 1)
@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from planners.cost.allocation import StagePlan
-from planners.cost.catalog import InstanceType
-from planners.cost.pool import Array
-from planners.staging.placement import Placement
+from elastune.planners.cost.allocation import StagePlan
+from elastune.planners.cost.catalog import InstanceType
+from elastune.planners.cost.pool import Array
+from elastune.planners.staging.placement import Placement
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ mode line, from the staged plan (``staging``) and, when the job is planned, the 
 (``cost``). The top layer of ``planners``: it may use every package below it.
 
 Example:
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9}})
@@ -11,6 +11,6 @@ Example:
     mode: not planned, not packed, workers = segments
 """
 
-from planners.execution.compile import ExecutionMode, ExecutionPlan, execution_plan
+from elastune.planners.execution.compile import ExecutionMode, ExecutionPlan, execution_plan
 
 __all__ = ["ExecutionMode", "ExecutionPlan", "execution_plan"]

@@ -6,15 +6,16 @@ CUDA devices of a local worker and the instance catalog, and decides:
 
 * the staged plan (synchronous schedulers; None for asynchronous ones), sized by the cost
   planner when the job has a ``profile:`` and a deadline or budget ("planned"), its widths
-  checked (:func:`planners.staging.widths.check_widths`);
-* the admission policy (:mod:`planners.staging.admission`): the stage packer when the job packs
+  checked (:func:`elastune.planners.staging.widths.check_widths`);
+* the admission policy (:mod:`elastune.planners.staging.admission`): the stage packer when the job
+packs
   (``compute.packing``: ``auto`` packs where the profile says it pays, ``on`` insists,
   ``off`` never), else the plan's stage slots when planned, else ``compute.workers``;
 * the :class:`ExecutionMode` a user reads: planned (and so re-planned in flight) or not,
   packed or not, and what ``compute.workers`` counts.
 
 Example (an asynchronous job: nothing to plan or pack, ``compute.workers`` segments at once):
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "asha", "max_resource": 9}})
@@ -30,15 +31,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from planners.cost import Catalog, PlanReport, plan_job
-from planners.cost.report import format_duration
-from planners.search.schedulers.base import Segment
-from planners.spec import MAX_WORKERS, JobSpec, SpecError
-from planners.staging.admission import Admission, StageSlots, WorkerCap
-from planners.staging.plan import Plan, Stage, allocate, compile_plan, is_staged
-from planners.staging.profile import Profile
-from planners.staging.stagepack import StagePacker, stage_packer
-from planners.staging.widths import check_widths
+from elastune.planners.cost import Catalog, PlanReport, plan_job
+from elastune.planners.cost.report import format_duration
+from elastune.planners.search.schedulers.base import Segment
+from elastune.planners.spec import MAX_WORKERS, JobSpec, SpecError
+from elastune.planners.staging.admission import Admission, StageSlots, WorkerCap
+from elastune.planners.staging.plan import Plan, Stage, allocate, compile_plan, is_staged
+from elastune.planners.staging.profile import Profile
+from elastune.planners.staging.stagepack import StagePacker, stage_packer
+from elastune.planners.staging.widths import check_widths
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class ExecutionPlan:
         ``compute.workers`` hands out as many more, each to wait on its node for the one
         ahead of it to end. Planned and packed jobs keep their stages' concurrency.
 
-        >>> from planners.spec import parse_job
+        >>> from elastune.planners.spec import parse_job
         >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
         ...     "space": {"x": {"type": "float", "low": 0, "high": 1}}})
         >>> print(execution_plan(spec, distributed=False).queued_on_nodes().mode)

@@ -1,5 +1,5 @@
 """Optuna samplers of elastune's own; the job file names them next to Optuna's
-(:mod:`planners.spec.space`). ``mftpe``: multi-fidelity TPE, which learns from every rung.
+(:mod:`elastune.planners.spec.space`). ``mftpe``: multi-fidelity TPE, which learns from every rung.
 
 Example:
     >>> import optuna
@@ -10,6 +10,6 @@ Example:
     True
 """
 
-from planners.samplers.mftpe import MultiFidelityTpeSampler
+from elastune.planners.samplers.mftpe import MultiFidelityTpeSampler
 
 __all__ = ["MultiFidelityTpeSampler"]

@@ -25,7 +25,7 @@ Where candidates come from:
 - ``candidates=[...]``, a finite list of configurations (e.g. the 1000 rows of a benchmark
   table): the sampler scores every candidate not yet tried and returns the best. Random
   proposals then take the first untried row of a permutation seeded by ``seed``, the
-  same one :class:`planners.sim.configs.RowDraw` draws, so with ``random_fraction=1`` the
+  same one :class:`elastune.planners.sim.configs.RowDraw` draws, so with ``random_fraction=1`` the
   sampler reduces exactly to drawing rows at random.
 
 The sampler keeps no state between proposals (it reads the study each time), so the tuning
@@ -223,7 +223,7 @@ class MultiFidelityTpeSampler(optuna.samplers.BaseSampler):
         self.candidates = list(candidates) if candidates is not None else None
         self._rng = np.random.default_rng(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
-        # The permutation planners.sim.configs.RowDraw draws for the same seed.
+        # The permutation elastune.planners.sim.configs.RowDraw draws for the same seed.
         self._order: list[int] = (
             np.random.default_rng(seed).permutation(len(self.candidates)).tolist()
             if self.candidates is not None

@@ -8,7 +8,7 @@ draws and perturbs values for PBT and the simulator's fast path.
 
 Example (a two-rung SHA job, trained by hand):
     >>> import optuna
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "sampler": {"name": "random", "seed": 0},
@@ -22,9 +22,9 @@ Example (a two-rung SHA job, trained by hand):
     (4, 3)
 """
 
-from planners.search.journal import Journal, StudyJournal
-from planners.search.loop import Best, TuningLoop
-from planners.search.schedulers import (
+from elastune.planners.search.journal import Journal, StudyJournal
+from elastune.planners.search.loop import Best, TuningLoop
+from elastune.planners.search.schedulers import (
     Action,
     Decision,
     Result,

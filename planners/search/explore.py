@@ -2,7 +2,7 @@
 
 PBT explores by resampling or nudging a donor's configuration (docs/algorithms.md §7.3), and
 the simulator's fast path draws configurations without an Optuna study; both work on the
-job's own distributions (:func:`planners.spec.space.distributions`), so bounds, log scales,
+job's own distributions (:func:`elastune.planners.spec.space.distributions`), so bounds, log scales,
 steps and choices are honoured in one place.
 
 Example:

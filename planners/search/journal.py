@@ -1,6 +1,6 @@
 """Where a job's events are kept so that a driver that dies can be resumed: a
 :class:`Journal` takes one record per event, and :class:`StudyJournal` keeps them in the
-Optuna study itself. :meth:`planners.search.loop.TuningLoop.replay` reads them back.
+Optuna study itself. :meth:`elastune.planners.search.loop.TuningLoop.replay` reads them back.
 
 Example:
     >>> import optuna

@@ -6,7 +6,7 @@ resource as its step, and tells Optuna how each trial ended: COMPLETE when it re
 maximum resource, PRUNED when the scheduler stopped it, FAIL when it failed. The Prefect
 flow and the simulator both drive this one class, so they cannot drift apart.
 
-Durability: with a :class:`~planners.search.journal.Journal`, every segment is appended
+Durability: with a :class:`~elastune.planners.search.journal.Journal`, every segment is appended
 when it is handed out (before the executor submits it) and every result when it is
 recorded: one record per event. :meth:`TuningLoop.replay` feeds those records to a fresh
 scheduler, which rebuilds its exact state (rungs, promotions, trials in flight, including
@@ -19,7 +19,7 @@ would have.
 
 Example:
     >>> import optuna
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "sampler": {"name": "random", "seed": 1},
@@ -44,10 +44,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from planners.search.journal import Journal
-from planners.search.schedulers.base import Action, Decision, Result, Scheduler, Segment
-from planners.search.schedulers.factory import make_scheduler
-from planners.spec import JobSpec, distributions, make_sampler
+from elastune.planners.search.journal import Journal
+from elastune.planners.search.schedulers.base import Action, Decision, Result, Scheduler, Segment
+from elastune.planners.search.schedulers.factory import make_scheduler
+from elastune.planners.spec import JobSpec, distributions, make_sampler
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ curves, and the event loops: one worker per segment, a Fluid packer, preemptions
 ``simulator`` (:func:`simulate`: one job, one seed) and ``report`` (``elastune simulate``).
 
 Example (random search on a toy benchmark: accuracy is ``x``, one second per epoch):
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "toy", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "random", "max_resource": 2, "max_trials": 8}})
@@ -20,11 +20,11 @@ Example (random search on a toy benchmark: accuracy is ``x``, one second per epo
     (8, 8.0, 16.0)
 """
 
-from planners.sim.benchmark import Benchmark, Curve
-from planners.sim.engine import Packing, Preemption
-from planners.sim.lcbench import LCBenchSurrogate, LCBenchTable
-from planners.sim.report import format_report, load_benchmark, simulate_job
-from planners.sim.simulator import SimulatedRun, simulate
+from elastune.planners.sim.benchmark import Benchmark, Curve
+from elastune.planners.sim.engine import Packing, Preemption
+from elastune.planners.sim.lcbench import LCBenchSurrogate, LCBenchTable
+from elastune.planners.sim.report import format_report, load_benchmark, simulate_job
+from elastune.planners.sim.simulator import SimulatedRun, simulate
 
 __all__ = [
     "Benchmark",

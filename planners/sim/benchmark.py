@@ -1,6 +1,6 @@
 """What the simulator needs from a learning-curve benchmark: one :class:`Curve` per
 configuration (the metric after each epoch, and what the epochs cost), behind the
-:class:`Benchmark` protocol. :mod:`planners.sim.lcbench` implements it for LCBench.
+:class:`Benchmark` protocol. :mod:`elastune.planners.sim.lcbench` implements it for LCBench.
 
 Example (a toy benchmark: accuracy grows with ``x`` and with epochs, one second an epoch):
     >>> class Toy:

@@ -32,11 +32,11 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.study import StudyDirection
 
-from planners.samplers import MultiFidelityTpeSampler
-from planners.search.explore import draw
-from planners.sim.benchmark import Benchmark
-from planners.spec import JobSpec, SpecError, distributions, make_sampler
-from planners.spec.model import AshaSpec, BloomSpec, FifoSpec, MedianSpec, PbtSpec, ShaSpec
+from elastune.planners.samplers import MultiFidelityTpeSampler
+from elastune.planners.search.explore import draw
+from elastune.planners.sim.benchmark import Benchmark
+from elastune.planners.spec import JobSpec, SpecError, distributions, make_sampler
+from elastune.planners.spec.model import AshaSpec, BloomSpec, FifoSpec, MedianSpec, PbtSpec, ShaSpec
 
 
 class RowDraw:

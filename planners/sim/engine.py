@@ -10,8 +10,8 @@ inherited weights.
 
 Packing (:class:`Packing`, synchronous SHA and Hyperband only): the workers are the pool's
 GPUs, and the segments the scheduler hands out at once form one TrialGroup per (bracket,
-rung), submitted to a Fluid packer (docs/algorithms.md §6, :mod:`planners.staging.fluid`). The
-packer chooses each segment's width, ``w`` GPUs training ``S(w)`` times as fast (the
+rung), submitted to a Fluid packer (docs/algorithms.md §6, :mod:`elastune.planners.staging.fluid`).
+The packer chooses each segment's width, ``w`` GPUs training ``S(w)`` times as fast (the
 profile's speedup), and when it starts; DynamicFluid also widens running segments as others
 finish, paying the profile's rescale cost. A segment's work is its epochs' cost on one GPU,
 spread evenly over its wall time (its epochs' observations are placed pro rata), and
@@ -44,10 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from planners.search import Result, Segment, TuningLoop
-from planners.sim.benchmark import Benchmark, Curve
-from planners.staging import DynamicFluid, Packer, Profile, StaticFluid, Work
-from planners.staging.packing import Assignments
+from elastune.planners.search import Result, Segment, TuningLoop
+from elastune.planners.sim.benchmark import Benchmark, Curve
+from elastune.planners.staging import DynamicFluid, Packer, Profile, StaticFluid, Work
+from elastune.planners.staging.packing import Assignments
 
 POLICIES: dict[str, type[Packer]] = {"static": StaticFluid, "dynamic": DynamicFluid}
 

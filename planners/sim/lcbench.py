@@ -1,6 +1,6 @@
 """LCBench learning curves (YAHPO Gym surrogate) as benchmarks for the simulator.
 
-Its data come from :mod:`planners.sim.lcbench_data`. Two benchmarks per OpenML task:
+Its data come from :mod:`elastune.planners.sim.lcbench_data`. Two benchmarks per OpenML task:
 
 - ``lcbench:TASK_ID``: the ONNX surrogate, for *any* configuration the job's sampler proposes
   (parameters the job's space leaves out take the LCBench defaults);
@@ -12,7 +12,7 @@ Both give the per-epoch value of the job's metric and the cumulative training ti
 monotone (the surrogate's prediction dips in 0.5% of steps), so an epoch costs the
 difference of consecutive times. Data location: the ``root`` argument, else the
 ``ELASTUNE_BENCHMARKS`` environment variable, else the surrogate shipped in the package
-(see :func:`planners.sim.lcbench_data.data_dir`).
+(see :func:`elastune.planners.sim.lcbench_data.data_dir`).
 
 Example:
     >>> table = LCBenchTable("3945")
@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from planners.sim.benchmark import Curve
-from planners.sim.lcbench_data import (
+from elastune.planners.sim.benchmark import Curve
+from elastune.planners.sim.lcbench_data import (
     EPOCHS,
     PARAMS,
     SURROGATE_METRICS,
@@ -43,7 +43,7 @@ from planners.sim.lcbench_data import (
     session,
     task_table,
 )
-from planners.spec import JobSpec, SpecError
+from elastune.planners.spec import JobSpec, SpecError
 
 INTEGER_PARAMS = ("batch_size", "num_layers", "max_units")
 

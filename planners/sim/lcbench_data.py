@@ -28,8 +28,8 @@ import numpy as np
 from rich.console import Console
 from rich.progress import track
 
-from planners.spec import SpecError
-from planners.spec.cache import cache_dir, made_once
+from elastune.planners.spec import SpecError
+from elastune.planners.spec.cache import cache_dir, made_once
 
 ENV = "ELASTUNE_BENCHMARKS"
 FOLDER = "yahpo_lcbench"
@@ -70,7 +70,7 @@ def data_dir(root: str | Path | None = None) -> Path:
     if root is None:
         root = os.environ.get(ENV)
         if not root:
-            return Path(str(resources.files("planners") / "data" / FOLDER)).resolve()
+            return Path(str(resources.files("elastune.planners") / "data" / FOLDER)).resolve()
     path = Path(root)
     if not (path / "encoding.json").exists() and (path / FOLDER).is_dir():
         path = path / FOLDER

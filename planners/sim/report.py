@@ -2,13 +2,13 @@
 as a plain-text table.
 
 Example:
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}}})
     >>> simulate_job(spec, "nasbench:1", workers=4)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    planners.spec.model.SpecError: --benchmark nasbench:1: unknown benchmark (known: ...)
+    elastune.planners.spec.model.SpecError: --benchmark nasbench:1: unknown benchmark (known: ...)
     >>> print(format_report({"job": "d", "benchmark": "toy", "scheduler": "asha",
     ...     "workers": 4, "metric": "acc", "mode": "max", "seeds": [{"seed": 0,
     ...     "final_best": 0.91, "simulated_seconds": 120.0, "gpu_seconds": 400.0,
@@ -24,11 +24,11 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from planners.sim.benchmark import Benchmark
-from planners.sim.engine import Preemption
-from planners.sim.lcbench import LCBenchSurrogate, LCBenchTable
-from planners.sim.simulator import simulate
-from planners.spec import JobSpec, SpecError
+from elastune.planners.sim.benchmark import Benchmark
+from elastune.planners.sim.engine import Preemption
+from elastune.planners.sim.lcbench import LCBenchSurrogate, LCBenchTable
+from elastune.planners.sim.simulator import simulate
+from elastune.planners.spec import JobSpec, SpecError
 
 BENCHMARKS = "lcbench:TASK_ID (surrogate), lcbench-table:TASK_ID (the 1000-config table)"
 

@@ -1,17 +1,17 @@
 """A whole tuning job in simulated time: the real scheduler, N virtual workers, and a
 learning-curve benchmark in place of training.
 
-:func:`simulate` drives the job's scheduler through :class:`planners.search.TuningLoop`,
+:func:`simulate` drives the job's scheduler through :class:`elastune.planners.search.TuningLoop`,
 exactly as the Prefect flow does: whenever a virtual worker is free it asks for the next
-segment; the benchmark (:mod:`planners.sim.benchmark`) says what the metric is after each
+segment; the benchmark (:mod:`elastune.planners.sim.benchmark`) says what the metric is after each
 epoch of that segment and how many seconds each epoch takes, and the event engine
-(:mod:`planners.sim.engine`) delivers the results to the scheduler and Optuna in
+(:mod:`elastune.planners.sim.engine`) delivers the results to the scheduler and Optuna in
 simulated-time order. Configurations come from the job's sampler or the benchmark's table
-(:mod:`planners.sim.configs`). Schedulers and the loop are the same objects on every path.
+(:mod:`elastune.planners.sim.configs`). Schedulers and the loop are the same objects on every path.
 
 Example:
-    >>> from planners.sim.benchmark import Curve
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.sim.benchmark import Curve
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "toy", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "asha", "min_resource": 1, "max_resource": 9,
@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 import optuna
 
-from planners.search import Best, Scheduler, TuningLoop, make_scheduler
-from planners.sim.benchmark import Benchmark
-from planners.sim.configs import fit_to_table, study_for
-from planners.sim.engine import (
+from elastune.planners.search import Best, Scheduler, TuningLoop, make_scheduler
+from elastune.planners.sim.benchmark import Benchmark
+from elastune.planners.sim.configs import fit_to_table, study_for
+from elastune.planners.sim.engine import (
     CurveSegments,
     Packing,
     Preemption,
@@ -49,8 +49,8 @@ from planners.sim.engine import (
     run_packed,
     run_workers,
 )
-from planners.spec import JobSpec
-from planners.spec.model import HyperbandSpec, ShaSpec
+from elastune.planners.spec import JobSpec
+from elastune.planners.spec.model import HyperbandSpec, ShaSpec
 
 
 @dataclass
@@ -136,13 +136,13 @@ def simulate(
         deadline: Simulated seconds after which the run stops (running segments are cut).
         scheduler: Overrides the job's scheduler (e.g. a peer's adapter); the caller then
             sizes it to the table itself.
-        fast: Take the fast path (no Optuna study; see :mod:`planners.sim.configs`).
+        fast: Take the fast path (no Optuna study; see :mod:`elastune.planners.sim.configs`).
         replace: Draw table rows with replacement (for more trials than rows).
         sampler: Overrides where configurations come from (and implies an Optuna study);
             with a table, it must propose the table's rows.
         packing: Run synchronous stages as Fluid TrialGroups on ``workers`` GPUs (see
-            :mod:`planners.sim.engine`); None: one worker per segment.
-        preemption: Interrupt workers at random (see :mod:`planners.sim.engine`).
+            :mod:`elastune.planners.sim.engine`); None: one worker per segment.
+        preemption: Interrupt workers at random (see :mod:`elastune.planners.sim.engine`).
     """
     _check(spec, workers, packing, preemption)
     started = time.perf_counter()

@@ -17,12 +17,12 @@ Example:
     >>> parse_job({"name": "demo"})
     Traceback (most recent call last):
     ...
-    planners.spec.model.SpecError: job: trainable: Field required
+    elastune.planners.spec.model.SpecError: job: trainable: Field required
 """
 
-from planners.spec.load import apply_override, load_job, parse_job
-from planners.spec.model import MAX_WORKERS, EcsSpec, JobSpec, SpecError
-from planners.spec.space import contains, distributions, make_sampler
+from elastune.planners.spec.load import apply_override, load_job, parse_job
+from elastune.planners.spec.model import MAX_WORKERS, EcsSpec, JobSpec, SpecError
+from elastune.planners.spec.space import contains, distributions, make_sampler
 
 __all__ = [
     "MAX_WORKERS",

@@ -1,7 +1,8 @@
 """Loading a job: YAML text or a mapping in, ``--set`` overrides applied, a validated
-:class:`~planners.spec.model.JobSpec` out, or one :class:`~planners.spec.model.SpecError`
-line naming the field. The named sampler's options are checked here too
-(:func:`planners.spec.space.check_sampler`), so a bad option fails before a study exists.
+:class:`~elastune.planners.spec.model.JobSpec` out, or one
+:class:`~elastune.planners.spec.model.SpecError` line naming the field. The named sampler's options
+are checked here too (:func:`elastune.planners.spec.space.check_sampler`), so a bad option fails
+before a study exists.
 
 Example:
     >>> data = {"name": "demo", "trainable": "examples.digits:train", "metric": "acc",
@@ -12,7 +13,7 @@ Example:
     >>> parse_job({**data, "sampler": {"name": "tpe", "speed": 2}})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    planners.spec.model.SpecError: sampler.speed: not an option of TPESampler (accepted: ...)
+    elastune.planners.spec.model.SpecError: sampler.speed: not an option of TPESampler ...
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from planners.spec.model import JobSpec, SpecError
-from planners.spec.space import check_sampler
+from elastune.planners.spec.model import JobSpec, SpecError
+from elastune.planners.spec.space import check_sampler
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:

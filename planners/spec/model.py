@@ -2,7 +2,7 @@
 
 Every user mistake surfaces as :class:`SpecError`, one line naming the field, so the CLI
 can print it and exit with code 2 before anything is created in MLflow or Optuna
-(:mod:`planners.spec.load` reads the file and applies ``--set`` overrides).
+(:mod:`elastune.planners.spec.load` reads the file and applies ``--set`` overrides).
 
 Example:
     >>> spec = JobSpec.model_validate({
@@ -30,8 +30,8 @@ from pydantic import (
     model_validator,
 )
 
-from planners.spec.covariance import Covariance
-from planners.spec.geometry import floor_log
+from elastune.planners.spec.covariance import Covariance
+from elastune.planners.spec.geometry import floor_log
 
 
 class SpecError(ValueError):

@@ -1,7 +1,7 @@
 """The search space as Optuna distributions, and Optuna samplers by name.
 
 Example:
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...                   "space": {"width": {"type": "int", "low": 8, "high": 128, "log": True}}})
     >>> distributions(spec)["width"]
@@ -23,8 +23,8 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from planners.samplers import MultiFidelityTpeSampler
-from planners.spec.model import CategoricalParam, FloatParam, JobSpec, SpecError
+from elastune.planners.samplers import MultiFidelityTpeSampler
+from elastune.planners.spec.model import CategoricalParam, FloatParam, JobSpec, SpecError
 
 _SAMPLERS: dict[str, type[optuna.samplers.BaseSampler]] = {
     "mf-tpe": MultiFidelityTpeSampler,

@@ -7,7 +7,7 @@ width and GPUs), ``placement`` (a stage's trials on GPU nodes), ``devices`` (a l
 driver's CUDA devices per segment) and ``stagepack`` (Fluid inside the staged flow).
 
 Example (a three-stage SHA plan, and its top rung's survivor packed onto two GPUs):
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9},
@@ -16,7 +16,7 @@ Example (a three-stage SHA plan, and its top rung's survivor packed onto two GPU
     >>> [stage.name for stage in plan.stages]
     ['b0-r0', 'b0-r1', 'b0-r2']
     >>> packer = StagePacker(plan, Profile.from_speeds({2: 1.8}), gpus=2)
-    >>> from planners.search import Segment
+    >>> from elastune.planners.search import Segment
     >>> top = Segment(0, 3, 9, rung=2)
     >>> packer.may_start(top, []), packer.width(top)
     (True, 2.0)
@@ -24,13 +24,13 @@ Example (a three-stage SHA plan, and its top rung's survivor packed onto two GPU
     2
 """
 
-from planners.staging.devices import LocalDevices
-from planners.staging.fluid import DynamicFluid, StaticFluid, best_rigid
-from planners.staging.packing import Assignment, Packer, Schedule, Work
-from planners.staging.placement import nodes_needed, place
-from planners.staging.plan import Plan, Stage, allocate, compile_plan, is_staged
-from planners.staging.profile import Profile, ProfileError, Timing
-from planners.staging.stagepack import StagePacker, stage_packer
+from elastune.planners.staging.devices import LocalDevices
+from elastune.planners.staging.fluid import DynamicFluid, StaticFluid, best_rigid
+from elastune.planners.staging.packing import Assignment, Packer, Schedule, Work
+from elastune.planners.staging.placement import nodes_needed, place
+from elastune.planners.staging.plan import Plan, Stage, allocate, compile_plan, is_staged
+from elastune.planners.staging.profile import Profile, ProfileError, Timing
+from elastune.planners.staging.stagepack import StagePacker, stage_packer
 
 __all__ = [
     "Assignment",

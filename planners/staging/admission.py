@@ -2,7 +2,7 @@
 must hold for the stages that run.
 
 Three policies, one per way a job runs; the execution plan chooses one
-(:func:`planners.execution.execution_plan`):
+(:func:`elastune.planners.execution.execution_plan`):
 
 * :class:`WorkerCap`: at most ``compute.workers`` segments at once, one GPU each
   (asynchronous schedulers, and staged plans the cost planner did not size), and on a warm
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-from planners.search.schedulers.base import Segment
-from planners.staging.plan import Plan, Stage
+from elastune.planners.search.schedulers.base import Segment
+from elastune.planners.staging.plan import Plan, Stage
 
 
 class Admission(Protocol):

@@ -1,4 +1,5 @@
-"""The two Fluid policies (docs/algorithms.md §6) on the engine of :mod:`planners.staging.packing`:
+"""The two Fluid policies (docs/algorithms.md §6) on the engine of
+:mod:`elastune.planners.staging.packing`:
 
 * :class:`StaticFluid` fixes each segment's width when its group arrives and list-schedules
   the rectangles (tallest first, any that fits starts).
@@ -10,7 +11,7 @@
 equal segments), and :func:`fifo_makespan` is the one-GPU-per-trial baseline.
 
 Example (the §6.3 worked example):
-    >>> from planners.staging.profile import Profile
+    >>> from elastune.planners.staging.profile import Profile
     >>> profile = Profile.from_speeds({2: 1.8, 4: 3.2})
     >>> packer = StaticFluid(profile, gpus=8)
     >>> group = [Work(t, resource=h, seconds_per_unit=60.0) for t, h in enumerate([40, 20, 10, 10])]
@@ -27,7 +28,15 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from planners.staging.packing import EPS, Assignments, Packer, Schedule, Work, as_width, show_width
+from elastune.planners.staging.packing import (
+    EPS,
+    Assignments,
+    Packer,
+    Schedule,
+    Work,
+    as_width,
+    show_width,
+)
 
 
 class StaticFluid(Packer):
@@ -40,7 +49,7 @@ class StaticFluid(Packer):
 
     Example (§6.4's group: §6.3 runs all three at once, 6 h; the level allotment runs the
     tall trial on all 4 GPUs first, then the others on 2 each, 5 h):
-        >>> from planners.staging.profile import Profile
+        >>> from elastune.planners.staging.profile import Profile
         >>> packer = StaticFluid(Profile.linear(4), gpus=4)
         >>> group = [Work(t, h, 3600.0) for t, h in enumerate([12, 4, 4])]
         >>> packer.water_fill({x.trial: x.seconds for x in group}, 4)
@@ -141,7 +150,7 @@ class DynamicFluid(Packer):
 
     Example (§6.4 with ``S = {2: 1.8, 4: 3.2}``: trial 0 widens to 4 GPUs at t = 4 h):
         >>> group = [Work(t, h, 3600.0) for t, h in enumerate([12, 4, 4])]
-        >>> from planners.staging.profile import Profile
+        >>> from elastune.planners.staging.profile import Profile
         >>> schedule = DynamicFluid(Profile.from_speeds({2: 1.8, 4: 3.2}), gpus=4).pack(group)
         >>> [(p.trial, p.width, round(p.start / 3600, 2), round(p.end / 3600, 2))
         ...  for p in schedule.rectangles]
@@ -219,7 +228,7 @@ def best_rigid(packer: StaticFluid, group: Sequence[Work]) -> Schedule:
 
     Example (9 equal segments on 8 GPUs: StaticFluid's two waves at width 1 take 2 h; at
     width 4, two run at a time and five waves take 5/3.2 = 1.56 h):
-        >>> from planners.staging.profile import Profile
+        >>> from elastune.planners.staging.profile import Profile
         >>> packer = StaticFluid(Profile.from_speeds({2: 1.8, 4: 3.2}), gpus=8, gpus_per_node=4)
         >>> group = [Work(t, 1, 3600.0) for t in range(9)]
         >>> packer.pack(group).makespan / 3600, round(best_rigid(packer, group).makespan / 3600, 2)

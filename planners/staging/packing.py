@@ -6,13 +6,13 @@ runs at that width. Widths above 1 are data-parallel training on ``w`` GPUs of o
 ``sigma(c)`` each). The packer picks widths by water-filling (§6.3, and a water-level
 variant that avoids its rounding loss) and places rectangles on the nodes over time, keeping
 one trial's workers on one node. The two policies on this engine, StaticFluid and
-DynamicFluid, are in :mod:`planners.staging.fluid`.
+DynamicFluid, are in :mod:`elastune.planners.staging.fluid`.
 
 An executor calls :meth:`Packer.submit`, :meth:`Packer.on_segment_done` and
 :meth:`Packer.on_pool_change` with its clock; each returns the :class:`Assignment` changes
 to apply. A simulator that only needs a stage's makespan calls :meth:`Packer.pack`.
 
-The speeds come from the job's speed profile (:class:`planners.staging.profile.Profile`).
+The speeds come from the job's speed profile (:class:`elastune.planners.staging.profile.Profile`).
 
 Example (a segment of 40 units at a minute each, and a schedule of two rectangles):
     >>> Work(0, resource=40, seconds_per_unit=60.0).seconds
@@ -33,9 +33,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from planners.search import Result
-from planners.staging.occupancy import GpuOccupancy
-from planners.staging.profile import Profile
+from elastune.planners.search import Result
+from elastune.planners.staging.occupancy import GpuOccupancy
+from elastune.planners.staging.profile import Profile
 
 # Widths are Fractions: 1/3 must compare and add exactly (three of them make one GPU).
 EPS = 1e-9
@@ -155,7 +155,7 @@ class Packer(ABC):
             only where it pays, ``c * sigma(c) > 1``.
 
     Example (multiplexing, §6.3: 8 one-hour trials on 4 GPUs):
-        >>> from planners.staging.fluid import StaticFluid
+        >>> from elastune.planners.staging.fluid import StaticFluid
         >>> group = [Work(t, resource=1, seconds_per_unit=3600) for t in range(8)]
         >>> alone = StaticFluid(Profile.from_speeds(), gpus=4).pack(group)
         >>> shared = StaticFluid(Profile.from_speeds(sharing={2: 0.85}), gpus=4, max_share=2)

@@ -1,7 +1,7 @@
 """The compiled plan: a staged DAG with one stage per rung of every bracket (docs/algorithms.md §9).
 
 Example:
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9}})
@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from planners.search import brackets
-from planners.spec import JobSpec
-from planners.spec.model import HyperbandSpec, ShaSpec
+from elastune.planners.search import brackets
+from elastune.planners.spec import JobSpec
+from elastune.planners.spec.model import HyperbandSpec, ShaSpec
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Plan:
 
 
 class Allocation(Protocol):
-    """What a cost planner decided for one stage (see ``planners.cost``)."""
+    """What a cost planner decided for one stage (see ``elastune.planners.cost``)."""
 
     bracket: int
     rung: int

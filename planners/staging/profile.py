@@ -1,8 +1,8 @@
 """The speed profile: seconds per resource unit of one trial on ``g`` GPUs, with its spread.
 
 One class serves the cost planner (timings, spread, GPU models), the Fluid packer
-(``planners.staging.fluid``) and the tuning simulator (``planners.sim``), which both see
-speeds relative to one whole GPU. Speedup is ``S(g) = t(1) / t(g)``.
+(``elastune.planners.staging.fluid``) and the tuning simulator (``elastune.planners.sim``), which
+both see speeds relative to one whole GPU. Speedup is ``S(g) = t(1) / t(g)``.
 
 A segment of ``r`` resource units on ``g`` GPUs takes ``overhead + r * t(g)`` seconds on
 average; ``overhead`` is what a segment spends outside its units (dispatch, building the
@@ -47,7 +47,7 @@ Example:
     >>> profile.timing(8)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    planners.staging.profile.ProfileError: profile.seconds_per_unit: no timing for 8 GPUs per ...
+    elastune.planners.staging.profile.ProfileError: profile.seconds_per_unit: no timing for 8 ...
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Any, Protocol
 
-from planners.spec import SpecError
-from planners.spec.covariance import SIZE, covariance_problem
-from planners.spec.model import ProfileSpec
+from elastune.planners.spec import SpecError
+from elastune.planners.spec.covariance import SIZE, covariance_problem
+from elastune.planners.spec.model import ProfileSpec
 
 
 class ProfileError(SpecError):

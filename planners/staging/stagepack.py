@@ -4,8 +4,8 @@ A synchronous stage (one rung of one bracket) is the TrialGroup of docs/algorith
 scheduler waits for all of its segments. When its first segment asks to start, the stage's
 segments still to run are packed over the GPUs free for the stage right now: StaticFluid's
 water-filling widths from the profile's speedup, or its water-level allotment, or one width
-for all, whichever packs shortest (:func:`planners.staging.fluid.best_rigid`). Its segments then
-start in turn at the planned widths, each as soon as that many GPUs are free: admission
+for all, whichever packs shortest (:func:`elastune.planners.staging.fluid.best_rigid`). Its segments
+then start in turn at the planned widths, each as soon as that many GPUs are free: admission
 counts GPUs, not segments. At the top rungs, where fewer trials remain than GPUs, the
 survivors get the idle GPUs (width > 1).
 
@@ -25,8 +25,8 @@ profile's overhead, counted per segment: more waves pay it more often); measured
 trial would not change them.
 
 Example (rung 0: four trials on two GPUs, one GPU each; the top rung's survivor takes both):
-    >>> from planners.staging.profile import Profile
-    >>> from planners.staging.plan import Plan, Stage
+    >>> from elastune.planners.staging.profile import Profile
+    >>> from elastune.planners.staging.plan import Plan, Stage
     >>> plan = Plan((Stage(0, 0, 4, 0, 1), Stage(0, 1, 1, 1, 3)), workers=2)
     >>> packer = StagePacker(plan, Profile.from_speeds({2: 1.8}), gpus=2)
     >>> rung0 = [Segment(t, 0, 1, rung=0) for t in range(4)]
@@ -46,12 +46,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from planners.search import Segment
-from planners.spec import JobSpec
-from planners.staging.fluid import StaticFluid, best_rigid
-from planners.staging.packing import Work
-from planners.staging.plan import Plan, Stage
-from planners.staging.profile import GpuNode, Profile
+from elastune.planners.search import Segment
+from elastune.planners.spec import JobSpec
+from elastune.planners.staging.fluid import StaticFluid, best_rigid
+from elastune.planners.staging.packing import Work
+from elastune.planners.staging.plan import Plan, Stage
+from elastune.planners.staging.profile import GpuNode, Profile
 
 _EPS = 1e-9
 SegmentKey = tuple[int, int, int]  # (bracket, rung, trial): one segment of a synchronous job

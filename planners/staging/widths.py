@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from planners.spec import JobSpec, SpecError
-from planners.staging.plan import Plan
-from planners.staging.profile import Profile
+from elastune.planners.spec import JobSpec, SpecError
+from elastune.planners.staging.plan import Plan
+from elastune.planners.staging.profile import Profile
 
 FALLBACK_HINT = "; set compute.elastic_fallback: true to run such segments on 1 GPU instead"
 

@@ -4,7 +4,7 @@ a job file names.
 
 Example (synchronous successive halving of three trials: at the rung's barrier the best
 one is promoted, the others stopped):
-    >>> from planners.spec.geometry import sha_bracket
+    >>> from elastune.planners.spec.geometry import sha_bracket
     >>> sha = SuccessiveHalving(sha_bracket(3, 1, 3, eta=3))
     >>> first = [sha.next_segment() for _ in range(3)]
     >>> decisions = [d for s, loss in zip(first, [0.3, 0.1, 0.2])
@@ -15,15 +15,15 @@ one is promoted, the others stopped):
     Segment(trial=1, start=1, stop=3, rung=1, bracket=0, gpus=1.0, config=None, clone_from=None)
 """
 
-from planners.search.schedulers.asha import Asha
-from planners.search.schedulers.base import Action, Decision, Result, Scheduler, Segment
-from planners.search.schedulers.bloom import Bloom
-from planners.search.schedulers.factory import brackets, make_scheduler
-from planners.search.schedulers.fifo import Fifo
-from planners.search.schedulers.hyperband import Hyperband
-from planners.search.schedulers.median import MedianStopping
-from planners.search.schedulers.pbt import Pbt
-from planners.search.schedulers.sha import SuccessiveHalving
+from elastune.planners.search.schedulers.asha import Asha
+from elastune.planners.search.schedulers.base import Action, Decision, Result, Scheduler, Segment
+from elastune.planners.search.schedulers.bloom import Bloom
+from elastune.planners.search.schedulers.factory import brackets, make_scheduler
+from elastune.planners.search.schedulers.fifo import Fifo
+from elastune.planners.search.schedulers.hyperband import Hyperband
+from elastune.planners.search.schedulers.median import MedianStopping
+from elastune.planners.search.schedulers.pbt import Pbt
+from elastune.planners.search.schedulers.sha import SuccessiveHalving
 
 __all__ = [
     "Action",

@@ -29,7 +29,7 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
-from planners.search.schedulers.base import (
+from elastune.planners.search.schedulers.base import (
     Action,
     Decision,
     Result,
@@ -39,7 +39,7 @@ from planners.search.schedulers.base import (
     check_max_trials,
     rank_key,
 )
-from planners.spec.geometry import hyperband_trials, ladder_depth, rung_levels
+from elastune.planners.spec.geometry import hyperband_trials, ladder_depth, rung_levels
 
 # (not finite, loss, arrival): NaN and inf rank last, ties go to the earlier arrival (§3.6.5).
 ArrivalKey = tuple[bool, float, int]

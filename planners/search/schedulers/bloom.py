@@ -21,8 +21,8 @@ with three changes aimed at them:
    and the job still ends when no regular work is left.
 
 The scheduler decides when to train; *which* configurations to try is the sampler's job:
-the default sampler, :class:`planners.samplers.mftpe.MultiFidelityTpeSampler`, learns from every
-rung, and a late first cut gives it reliable results sooner.
+the default sampler, :class:`elastune.planners.samplers.mftpe.MultiFidelityTpeSampler`, learns from
+every rung, and a late first cut gives it reliable results sooner.
 
 Example (rungs at 2, 6 and 18; the slope lifts a late bloomer):
     >>> bloom = Bloom(1, 18, eta=3, max_trials=3, promotions=2)
@@ -40,8 +40,8 @@ from __future__ import annotations
 import math
 import random
 
-from planners.search.schedulers.asha import AsyncBracket, draw_bracket
-from planners.search.schedulers.base import (
+from elastune.planners.search.schedulers.asha import AsyncBracket, draw_bracket
+from elastune.planners.search.schedulers.base import (
     Action,
     Decision,
     Result,
@@ -50,7 +50,7 @@ from planners.search.schedulers.base import (
     TrialCounter,
     check_max_trials,
 )
-from planners.spec.geometry import hyperband_trials, ladder_depth, rung_levels
+from elastune.planners.spec.geometry import hyperband_trials, ladder_depth, rung_levels
 
 
 class Bloom(Scheduler):

@@ -2,7 +2,7 @@
 that the synchronous ones (``sha``, ``hyperband``) unroll to.
 
 Example:
-    >>> from planners.spec import parse_job
+    >>> from elastune.planners.spec import parse_job
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9}})
@@ -14,17 +14,17 @@ Example:
 
 from __future__ import annotations
 
-from planners.search.schedulers.asha import Asha
-from planners.search.schedulers.base import Scheduler
-from planners.search.schedulers.bloom import Bloom
-from planners.search.schedulers.fifo import Fifo
-from planners.search.schedulers.hyperband import Hyperband
-from planners.search.schedulers.median import MedianStopping
-from planners.search.schedulers.pbt import Pbt
-from planners.search.schedulers.sha import SuccessiveHalving
-from planners.spec import JobSpec, SpecError, distributions
-from planners.spec.geometry import Bracket, floor_log, hyperband_brackets, sha_bracket
-from planners.spec.model import (
+from elastune.planners.search.schedulers.asha import Asha
+from elastune.planners.search.schedulers.base import Scheduler
+from elastune.planners.search.schedulers.bloom import Bloom
+from elastune.planners.search.schedulers.fifo import Fifo
+from elastune.planners.search.schedulers.hyperband import Hyperband
+from elastune.planners.search.schedulers.median import MedianStopping
+from elastune.planners.search.schedulers.pbt import Pbt
+from elastune.planners.search.schedulers.sha import SuccessiveHalving
+from elastune.planners.spec import JobSpec, SpecError, distributions
+from elastune.planners.spec.geometry import Bracket, floor_log, hyperband_brackets, sha_bracket
+from elastune.planners.spec.model import (
     AshaSpec,
     BloomSpec,
     FifoSpec,

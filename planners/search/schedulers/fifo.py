@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from planners.search.schedulers.base import (
+from elastune.planners.search.schedulers.base import (
     Action,
     Decision,
     Result,

@@ -14,9 +14,15 @@ Example:
 
 from __future__ import annotations
 
-from planners.search.schedulers.base import Decision, Result, Scheduler, Segment, TrialCounter
-from planners.search.schedulers.sha import SuccessiveHalving
-from planners.spec.geometry import hyperband_brackets
+from elastune.planners.search.schedulers.base import (
+    Decision,
+    Result,
+    Scheduler,
+    Segment,
+    TrialCounter,
+)
+from elastune.planners.search.schedulers.sha import SuccessiveHalving
+from elastune.planners.spec.geometry import hyperband_brackets
 
 
 class Hyperband(Scheduler):

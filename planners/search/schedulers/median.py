@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from planners.search.schedulers.base import (
+from elastune.planners.search.schedulers.base import (
     Action,
     Decision,
     Result,

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 from optuna.distributions import BaseDistribution
 
-from planners.search.explore import draw, explore
-from planners.search.schedulers.base import (
+from elastune.planners.search.explore import draw, explore
+from elastune.planners.search.schedulers.base import (
     Action,
     Decision,
     Result,
@@ -55,7 +55,7 @@ class Pbt(Scheduler):
     """Asynchronous PBT over a population of ``population_size`` trials.
 
     Args:
-        distributions: The job's search space (:func:`planners.spec.space.distributions`).
+        distributions: The job's search space (:func:`elastune.planners.spec.space.distributions`).
         max_resource: Resource every member is trained to.
         perturbation_interval: Resource per segment; exploit/explore is considered after each.
         population_size: Members, at least 2.

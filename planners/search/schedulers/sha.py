@@ -5,7 +5,7 @@ only when every trial of the rung has a result are the best ``rungs[i+1].trials`
 (resuming from their checkpoints) and the rest stopped.
 
 Example:
-    >>> from planners.spec.geometry import sha_bracket
+    >>> from elastune.planners.spec.geometry import sha_bracket
     >>> sha = SuccessiveHalving(sha_bracket(9, 1, 9, 3))
     >>> jobs = [sha.next_segment() for _ in range(9)]
     >>> sha.next_segment() is None                     # barrier: rung 0 is still running
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from planners.search.schedulers.base import (
+from elastune.planners.search.schedulers.base import (
     Action,
     Decision,
     Result,
@@ -29,14 +29,14 @@ from planners.search.schedulers.base import (
     TrialCounter,
     ranked,
 )
-from planners.spec.geometry import Bracket
+from elastune.planners.spec.geometry import Bracket
 
 
 class SuccessiveHalving(Scheduler):
     """One synchronous SHA bracket.
 
     Args:
-        bracket: The rung geometry (see :func:`planners.spec.geometry.sha_bracket`).
+        bracket: The rung geometry (see :func:`elastune.planners.spec.geometry.sha_bracket`).
         counter: Shared trial-id source, so several brackets never reuse an id.
         index: This bracket's index, carried on every segment.
     """
