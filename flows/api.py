@@ -101,39 +101,26 @@ def run(job: JobFile, overrides: Sequence[str] = ()) -> dict[str, Any]:
 def run_spec(
     spec: JobSpec, announce: Callable[[str], None] = lambda job_id: None
 ) -> dict[str, Any]:
-    """Run the validated ``spec``; ``announce`` gets the job id once the job's input is
-    checked and before it starts."""
+    """Run the validated ``spec``; ``announce`` gets the job id once the job is prepared
+    (its input checked) and before it starts."""
     quiet_defaults()
     from elastune.flows.ephemeral import early_server
 
     # The server starts while the rest is imported and checked.
     with start_uncollected() as started, early_server() as server_ready:
-        from elastune.tasks.trainable import load_trainable
+        from elastune.flows.prepare import prepare
 
-        load_trainable(spec.trainable)  # import errors are bad input: fail before creating anything
-        from elastune.flows.job import check_stores, new_job_id
-
-        check_stores(spec)
-        from elastune.flows.tune import tune_spec
+        prepared = prepare(spec)  # bad input fails here, before anything is created
+        from elastune.flows.job import new_job_id
+        from elastune.flows.tune import tune_prepared
 
         job_id = new_job_id(spec.name)
         announce(job_id)
         server_ready()
         started()
-        fork_server(spec)
+        prepared.pool.fork_here()
         quiet_optuna()
-        return tune_spec(spec, job_id)
-
-
-def fork_server(spec: JobSpec) -> None:
-    """A local job's workers fork from this process, its imports done, the trainable's
-    among them (tasks/workers.py)."""
-    if spec.compute.pool == "local":
-        from elastune.tasks.trainable import load_trainable
-        from elastune.tasks.workers import fork_server_here
-
-        load_trainable(spec.trainable)
-        fork_server_here()
+        return tune_prepared(prepared, job_id)
 
 
 def resume(job_id: str, storage: str = DEFAULT_STORAGE) -> dict[str, Any]:
@@ -162,12 +149,15 @@ def resume_job(
     from elastune.flows.ephemeral import early_server
 
     with start_uncollected() as started, early_server() as server_ready:
+        from elastune.flows.pools import pool_of
         from elastune.flows.tune import resume as resume_flow
+        from elastune.tasks.trainable import load_trainable
 
+        load_trainable(stored.spec.trainable)  # the workers fork with it imported
         announce(job_id)
         server_ready()
         started()
-        fork_server(stored.spec)
+        pool_of(stored.spec).fork_here()
         quiet_optuna()
         return resume_flow(job_id, storage)
 
@@ -196,12 +186,12 @@ def plan_report(
     """The :class:`~elastune.planners.cost.PlanReport` of ``spec`` on this machine's slots
     (its CUDA devices, else ``compute.workers``), re-planned in flight as ``run`` does;
     ``catalog`` None: the instance catalog elastune ships."""
-    from elastune.flows.compiled import local_devices
+    from elastune.flows.pools import pool_of
     from elastune.planners.cost import plan_job
 
     if planner not in PLANNERS:
         raise SpecError(f"planner: {planner!r} is not one of {', '.join(PLANNERS)}")
-    devices = local_devices(spec)
+    devices = pool_of(spec).devices
     return plan_job(spec, planner=planner, catalog=catalog, devices=devices, replanned=True)
 
 

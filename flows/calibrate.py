@@ -68,8 +68,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import yaml
 
-from elastune.flows.compiled import local_devices
 from elastune.flows.ephemeral import watchdog
+from elastune.flows.pools import pool_of
 from elastune.planners.cost.local import local_slots
 from elastune.planners.spec import JobSpec, SpecError
 
@@ -283,7 +283,7 @@ def calibrate(
     ``job_overhead_sd``; and the calibration jobs' wall seconds."""
     level = first_level(spec)
     alone = profile["seconds_per_unit"][1]
-    devices = local_devices(spec)
+    devices = pool_of(spec).devices
     jobs = runs(level, alone)
     walls: dict[Run, list[float]] = {}
     tails: list[float] = []

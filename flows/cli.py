@@ -155,13 +155,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _run_mode(spec: JobSpec, catalog: Catalog | None, report: PlanReport | None) -> str:
     """The mode line of ``elastune run`` for this job."""
-    from elastune.flows.compiled import compile_job
-    from elastune.tasks.trainable import TrainableError
+    from elastune.flows.prepare import PreparedJob
+    from elastune.tasks.trainable import TrainableError, load_trainable
 
     try:
-        return str(compile_job(spec, catalog=catalog, report=report).execution.mode)
+        trainable = load_trainable(spec.trainable)
     except TrainableError as exc:  # the plan prices the job; its code may live elsewhere
         return f"mode: unknown here ({exc})"
+    return str(PreparedJob.of(spec, trainable, catalog, report).execution.mode)
 
 
 def _check_gantt(path: str) -> None:

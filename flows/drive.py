@@ -14,14 +14,12 @@ where it got to, and the job ends as if its scheduler had run out.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import sys
 import time
 from dataclasses import replace
 from typing import Any
 
-import torch
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from elastune.flows.forecast import HeldForecast
@@ -35,7 +33,7 @@ from elastune.flows.story import Story
 from elastune.infra.sizing import RELEASE_STAGE, publish_sizing
 from elastune.planners.search.schedulers.base import Segment
 from elastune.planners.spec import SpecError
-from elastune.tasks.train import SegmentReport
+from elastune.tasks.contract import SegmentReport
 
 
 def artifact_key(job_id: str, what: str) -> str:
@@ -43,7 +41,7 @@ def artifact_key(job_id: str, what: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"{job_id}-{what}".lower())
 
 
-def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
+def drive(job: Job, pool: PoolTarget) -> dict[str, Any]:
     """Run a job's segments until its scheduler has nothing left, or its deadline has
     passed and nothing runs; returns the summary."""
     spec, execution = job.spec, job.execution
@@ -55,17 +53,12 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
     story = Story(job)
     pending = recover(job)
     story.begin(len(pending))
-    # The local workers share the cores: each gets its slice instead of oversubscribing.
-    threads = max(1, torch.get_num_threads() // spec.compute.workers)
-    launcher = Launcher(job.ref, pool, job.compiled.devices, threads)
-    sizer = None if pool is None else PoolSizer(pool.backend, execution, spec.scheduler.name)
+    launcher = Launcher(job.ref, pool)
+    sizer = PoolSizer(pool.backend, execution, spec.scheduler.name)
     with launcher.signals:  # a stop waits for the store writes under way (flows/signals.py)
         try:
             total = None if execution.plan is None else execution.plan.segments
-            with (
-                pool.backend if pool is not None else contextlib.nullcontext(),
-                JobProgress(spec.metric, total) as progress,
-            ):
+            with pool.backend, JobProgress(spec.metric, total) as progress:
                 run_segments(job, launcher, sizer, pending, progress, story, held, flight)
             launcher.close()  # what the workers hold (memory, a GPU) is free for the end
             summary = finish(job, story, held)
@@ -83,9 +76,10 @@ def drive(job: Job, pool: PoolTarget | None) -> dict[str, Any]:
             raise
         finally:
             launcher.close()
-            if pool is not None:
-                story.sized([r for r in pool.backend.records if r.stage == RELEASE_STAGE])
-                publish_sizing(pool.backend.records, key=artifact_key(job.job_id, "pool-sizing"))
+            sizing = pool.backend.records
+            story.sized([r for r in sizing if r.stage == RELEASE_STAGE])
+            if sizing:  # a pool that was sized: this machine never is
+                publish_sizing(sizing, key=artifact_key(job.job_id, "pool-sizing"))
 
 
 def publish_plan(
@@ -143,7 +137,7 @@ def recover(job: Job) -> list[Segment]:
 def run_segments(
     job: Job,
     launcher: Launcher,
-    sizer: PoolSizer | None,
+    sizer: PoolSizer,
     pending: list[Segment],
     progress: JobProgress,
     story: Story,
@@ -159,8 +153,7 @@ def run_segments(
             starting = []
         else:
             starting = admit(job, pending, launcher.running)
-        if sizer is not None:
-            story.sized(sizer.size(starting))
+        story.sized(sizer.size(starting))
         story.starting(starting)
         for segment in starting:
             start(job, launcher, segment)
@@ -181,7 +174,7 @@ def run_segments(
             replan = flight.finished(segment, report, story)
             if replan is not None:
                 publish_plan(job, held, flight=flight)
-                if sizer is not None and replan.changed:  # the pool follows the new plan
+                if replan.changed:  # the pool follows the new plan
                     sizer.replanned(job.execution)
         progress.update(stage_label(segment), job.best_metric())
         if job.stage_done(segment, decisions):
@@ -197,15 +190,14 @@ def stage_done(
     job: Job,
     segment: Segment,
     story: Story,
-    sizer: PoolSizer | None,
+    sizer: PoolSizer,
     held: HeldForecast | None,
     flight: InFlight | None,
 ) -> None:
     """``segment``'s stage ended: told, the pool sized down, a planned job's forecast and
     the leaderboard published."""
     story.stage_done(segment)
-    if sizer is not None:
-        sizer.stage_done(segment)
+    sizer.stage_done(segment)
     if held is not None:
         held.stage_done(segment.bracket, segment.rung, time.monotonic() - job.began)
         publish_plan(job, held, flight=flight)

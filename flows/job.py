@@ -1,4 +1,4 @@
-"""A job as its driver holds it: the compiled job, its Optuna study and scheduler loop, its
+"""A job as its driver holds it: the prepared job, its Optuna study and scheduler loop, its
 MLflow runs (:class:`elastune.flows.runs.TrialRuns`) and the tally of what it has done.
 
 Every segment is journaled in the study when it is handed out, and every result as it
@@ -16,17 +16,17 @@ from typing import Any
 
 import optuna
 
-from elastune.flows.compiled import CompiledJob
+from elastune.flows.prepare import PreparedJob
 from elastune.flows.runs import TrialRuns
 from elastune.flows.stored import FINISHED_ATTR, RUN_ATTR, SPEC_ATTR, StoredJob
 from elastune.planners.execution import ExecutionPlan
 from elastune.planners.search import StudyJournal, TuningLoop
 from elastune.planners.search.schedulers.base import Action, Decision, Segment
 from elastune.planners.spec import JobSpec, SpecError, make_sampler
-from elastune.tasks.stores import check_storage, first_use, local_uri
+from elastune.tasks.contract import JobRef, SegmentReport
+from elastune.tasks.stores import first_use, local_uri
 from elastune.tasks.study_storage import driver_storage
-from elastune.tasks.tracking import Tracker, check_tracking_uri
-from elastune.tasks.train import JobRef, SegmentReport
+from elastune.tasks.tracking import Tracker
 
 
 class MetricNotReported(SpecError):
@@ -63,8 +63,8 @@ class Tally:
 class Job:
     """One job's state: its study and scheduler loop, its MLflow runs and its tally."""
 
-    def __init__(self, compiled: CompiledJob, job_id: str, study: optuna.Study, runs: TrialRuns):
-        self.compiled = compiled
+    def __init__(self, prepared: PreparedJob, job_id: str, study: optuna.Study, runs: TrialRuns):
+        self.prepared = prepared
         self.job_id = job_id
         self.runs = runs
         self.began = time.monotonic()
@@ -77,17 +77,16 @@ class Job:
 
     @property
     def spec(self) -> JobSpec:
-        return self.compiled.spec
+        return self.prepared.spec
 
     @property
     def execution(self) -> ExecutionPlan:
-        return self.compiled.execution
+        return self.prepared.execution
 
     @classmethod
-    def create(cls, compiled: CompiledJob, job_id: str, warm_start: list[dict[str, Any]]) -> Job:
+    def create(cls, prepared: PreparedJob, job_id: str, warm_start: list[dict[str, Any]]) -> Job:
         """A new job: its study, its parent run, and ``warm_start`` configs tried first."""
-        spec = compiled.spec
-        check_stores(spec)
+        spec = prepared.spec
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
         storage = local_uri(spec.tracking.optuna_storage)
         with first_use(storage):
@@ -103,13 +102,13 @@ class Job:
         # The spec last: a study that has it has everything resume needs.
         study.set_user_attr(RUN_ATTR, runs.parent)
         study.set_user_attr(SPEC_ATTR, spec.model_dump(mode="json"))
-        return cls(compiled, job_id, study, runs)
+        return cls(prepared, job_id, study, runs)
 
     @classmethod
-    def resume(cls, compiled: CompiledJob, stored: StoredJob) -> Job:
-        """The job :func:`stored_job` found, compiled: its runs taken up, its journal
+    def resume(cls, prepared: PreparedJob, stored: StoredJob) -> Job:
+        """The job :func:`stored_job` found, prepared: its runs taken up, its journal
         replayed."""
-        spec, study = compiled.spec, stored.study
+        spec, study = prepared.spec, stored.study
         named = {
             t.user_attrs["elastune.trial"]: t.user_attrs[RUN_ATTR]
             for t in study.get_trials(deepcopy=False)
@@ -117,7 +116,7 @@ class Job:
         }
         tracker = Tracker(spec.tracking.mlflow_uri, spec.experiment)
         runs = TrialRuns.take_up(tracker, study.study_name, stored.parent, named)
-        job = cls(compiled, study.study_name, study, runs)
+        job = cls(prepared, study.study_name, study, runs)
         last: dict[int, Decision] = {}  # each trial's latest decision: what its run shows
         for result, note, decisions in job.loop.replay(*job.journal.fold()):
             job.tally.count(result.trial, note or {}, spec.metric)
@@ -212,10 +211,3 @@ def _note(segment: Segment, report: SegmentReport, error: str | None) -> dict[st
         "rung": segment.rung,
         "bracket": segment.bracket,
     }
-
-
-def check_stores(spec: JobSpec) -> None:
-    """Bad input unless the job's MLflow and Optuna stores can be opened; cheap, so
-    ``elastune run`` checks before Prefect starts too."""
-    check_tracking_uri(spec.tracking.mlflow_uri, "tracking.mlflow_uri")
-    check_storage(spec.tracking.optuna_storage, "tracking.optuna_storage")

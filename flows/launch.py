@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import threading
 from typing import Any
 
 from elastune.flows.pools import Launched, PoolTarget
@@ -22,64 +21,45 @@ from elastune.flows.segment import WorkerLost
 from elastune.flows.signals import HeldSignals
 from elastune.planners.search.schedulers.base import Segment
 from elastune.planners.spec import SpecError
-from elastune.planners.staging.devices import LocalDevices
-from elastune.tasks.train import JobRef, SegmentReport, release_devices, train_segment
-from elastune.tasks.workers import LocalWorkers
+from elastune.tasks.contract import JobRef, SegmentReport
 
 
 class Launcher:
-    """Submits segments and hands back their reports as they finish.
+    """Submits segments to the job's pool and hands back their reports as they finish.
 
     Args:
         job: What each segment needs to know about its job (its ``segment_timeout`` too).
-        pool: The work pool segments go to; None: the local pool (this process's workers).
-        devices: CUDA devices of this machine that local segments share out (None on CPU
-            or on a work pool).
-        threads: torch's threads in each local worker.
+        pool: The pool segments go to, opened.
     """
 
-    def __init__(self, job: JobRef, pool: PoolTarget | None, devices: int | None, threads: int = 1):
+    def __init__(self, job: JobRef, pool: PoolTarget):
         self.ref = job
         self.pool = pool
-        self.workers = None if pool is not None else LocalWorkers(threads)
-        # Which of the devices each running trial holds (local jobs with CUDA only).
-        self.assigned = None if pool is not None or devices is None else LocalDevices(devices)
-        # A trainable left running past its segment frees its devices from its own thread.
-        self._assigning = threading.Lock()
-        self._flight: dict[Launched, tuple[Segment, str]] = {}  # and its trial's run id
+        self._flight: dict[Launched, Segment] = {}
         self._done: queue.SimpleQueue[Launched] = queue.SimpleQueue()
         # Held in the driver's ``with launcher.signals:`` block, delivered in next_report.
         self.signals = HeldSignals()
 
     @property
     def running(self) -> list[Segment]:
-        return [segment for segment, _ in self._flight.values()]
+        return list(self._flight.values())
 
     def submit(
         self, segment: Segment, config: dict[str, Any], run_id: str, instance_type: str | None
     ) -> None:
         """Start ``segment`` at its width (``segment.gpus``), on ``instance_type`` in a
         planned job on a work pool."""
-        if self.pool is None:
-            ids = None
-            if self.assigned is not None:
-                with self._assigning:
-                    ids = self.assigned.take(segment.trial, segment.gpus)
-            future = train_segment.submit(self.workers, self.ref, segment, config, run_id, ids)
-        else:
-            # The driver's own limit too, for a node or flow run that hangs as a whole.
-            timeout = self.ref.segment_timeout
-            future = self.pool.submit(self.ref, segment, config, run_id, instance_type, timeout)
-        self._flight[future] = (segment, run_id)
+        # The driver's own limit too, for a node or flow run that hangs as a whole.
+        timeout = self.ref.segment_timeout
+        future = self.pool.submit(self.ref, segment, config, run_id, instance_type, timeout)
+        self._flight[future] = segment
         future.add_done_callback(self._done.put)
 
     def next_report(self) -> tuple[Segment, SegmentReport]:
         """Wait for the next segment to finish; it and its report."""
         with self.signals.delivered():
             future = self._done.get()
-        segment, run_id = self._flight.pop(future)
-        if self.assigned is not None:
-            release_devices(self.assigned, self._assigning, segment.trial, run_id)
+        segment = self._flight.pop(future)
         try:
             return segment, future.result()
         except WorkerLost as exc:  # every retry lost its worker
@@ -96,6 +76,6 @@ class Launcher:
                 future.result()
 
     def close(self) -> None:
-        """End the local workers, once no segment runs."""
-        if self.workers is not None:
-            self.workers.close()
+        """Free what the pool holds for the job (the local pool's workers), once no
+        segment runs."""
+        self.pool.close()

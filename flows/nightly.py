@@ -11,7 +11,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from elastune.flows.job import SPEC_ATTR
-from elastune.flows.tune import tune_spec
+from elastune.flows.prepare import prepare
+from elastune.flows.tune import tune_prepared
 from elastune.planners.spec import JobSpec, contains, load_job
 from elastune.tasks.tracking import local_uri
 
@@ -57,7 +58,7 @@ def tune_nightly(job_files: list[str], warm_start: int = 3) -> list[dict[str, An
         try:
             spec = load_job(job_file)
             source, configs = previous_best(spec, warm_start)
-            summary = tune_spec(spec, warm_start=configs)
+            summary = tune_prepared(prepare(spec), warm_start=configs)
         except Exception as exc:  # one bad job (or job file) must not stop the others
             logger.error("%s failed: %s", job_file, exc)
             failures.append(job_file)

@@ -1,8 +1,11 @@
-"""Work-pool mode: segments run on a pool's workers, and the pool is sized stage by stage
-through an infra backend (:class:`PoolSizer`).
+"""The pools a job's segments go to, each sized stage by stage through an infra backend
+(:class:`PoolSizer`), and each with the same face (:class:`PoolTarget`).
 
-The pool's type picks how (docs/prefect-server.md, "A job in work-pool mode"): on a warm
-pool (type ``elastune-warm``, :class:`~elastune.flows.warm_pool.WarmPool`) each segment is a
+``compute.pool`` names one (:func:`pool_of`): ``local``, this machine
+(:class:`LocalPool`: each segment a task run of the driver's, training in one of its
+worker processes, ``tasks/workers.py``), or a Prefect work pool, whose type picks how
+(docs/prefect-server.md, "A job in work-pool mode"): on a warm pool (type
+``elastune-warm``, :class:`~elastune.flows.warm_pool.WarmPool`) each segment is a
 background task run sent to the warm worker of the node it is placed on; on a process or
 ECS pool (:class:`FlowRunPool`) it is a flow run of the pool's ``train-segment``
 deployment, a fresh process per segment.
@@ -12,11 +15,13 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 from uuid import UUID
 
+import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
@@ -44,10 +49,14 @@ from elastune.infra.template import gpu_job_variables
 from elastune.infra.warm_nodes import WARM_TYPE
 from elastune.planners.execution import ExecutionPlan
 from elastune.planners.search.schedulers.base import Segment
-from elastune.planners.spec import JobSpec, SpecError
+from elastune.planners.spec import LOCAL_POOL, JobSpec, SpecError
 from elastune.planners.staging import Stage
+from elastune.planners.staging.devices import LocalDevices
+from elastune.tasks.contract import JobRef, SegmentReport, report_name
+from elastune.tasks.gpus import cuda_devices
 from elastune.tasks.tracking import Tracker
-from elastune.tasks.train import JobRef, SegmentReport, report_name
+from elastune.tasks.train import train_segment
+from elastune.tasks.workers import LocalWorkers, fork_server_here
 
 # Seconds to wait for a worker polling the pool (or a node with room) before giving up.
 WORKER_TIMEOUT = float(os.environ.get("ELASTUNE_WORKER_TIMEOUT", "30"))
@@ -76,6 +85,90 @@ class PoolTarget(Protocol):
         timeout: float | None,
     ) -> Launched:
         """Start ``segment`` on the pool; its report, once it ends."""
+
+    def close(self) -> None:
+        """Free what the pool holds for the job, once no segment of it runs."""
+
+
+def pool_of(spec: JobSpec) -> LocalPool | WorkPool:
+    """The pool ``compute.pool`` names, not yet opened: no server is asked anything."""
+    return LocalPool(spec.compute.workers) if spec.compute.pool == LOCAL_POOL else WorkPool(spec)
+
+
+class LocalPool(PoolTarget):
+    """This machine: each segment a task run of the driver's, trained by one of its worker
+    processes, which share the CPU cores; a trial's segment takes CUDA devices of its own
+    while it runs, when there are any.
+
+    Args:
+        workers: Segments at once (``compute.workers``): each worker's torch gets that share
+            of this machine's threads.
+    """
+
+    name = LOCAL_POOL
+    queues: ClassVar[bool] = False
+
+    def __init__(self, workers: int):
+        self.devices = cuda_devices()
+        self.backend = PoolBackend("none", [])  # nothing to size: the machine is there
+        self._threads = max(1, torch.get_num_threads() // workers)
+        self._workers: LocalWorkers | None = None  # started by the first segment
+        self._assigned = None if self.devices is None else LocalDevices(self.devices)
+        self._lock = threading.Lock()  # the devices, taken and freed from several threads
+
+    def open(self) -> LocalPool:
+        return self
+
+    def fork_here(self) -> None:
+        """Make this process, its imports done (the trainable's among them), the server its
+        workers fork from, so that none imports anything again (tasks/workers.py)."""
+        fork_server_here()
+
+    def submit(
+        self,
+        job: JobRef,
+        segment: Segment,
+        config: dict[str, Any],
+        run_id: str,
+        instance_type: str | None,
+        timeout: float | None,
+    ) -> Launched:
+        # The segment's own limit (job.segment_timeout) ends it in its worker process.
+        with self._lock:
+            if self._workers is None:
+                self._workers = LocalWorkers(self._threads)
+            ids = None
+            if self._assigned is not None:
+                ids = self._assigned.take(segment.trial, segment.gpus)
+        future = train_segment.submit(self._workers, job, segment, config, run_id, ids)
+        if self._assigned is not None:
+            future.add_done_callback(lambda _: self._release(segment.trial))
+        return future
+
+    def _release(self, trial: int) -> None:
+        with self._lock:
+            self._assigned.release(trial)  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        if self._workers is not None:
+            self._workers.close()
+
+
+class WorkPool:
+    """A Prefect work pool by name, not yet opened: :meth:`open` finds its type on the
+    server and what it takes to run a segment there."""
+
+    devices = None  # a node's devices are its own worker's
+
+    def __init__(self, spec: JobSpec):
+        self.spec = spec
+        self.name = spec.compute.pool
+
+    def open(self) -> PoolTarget:
+        return open_pool(self.spec)
+
+    def fork_here(self) -> None:
+        return None  # the pool's nodes train; the driver has no workers to fork
 
 
 @dataclass(frozen=True)
@@ -107,6 +200,9 @@ class FlowRunPool(PoolTarget):
         return launch_segment.submit(
             self.deployment, job, segment, config, run_id, variables, timeout
         )
+
+    def close(self) -> None:
+        return None  # each segment's flow run ended with it
 
 
 def open_pool(spec: JobSpec) -> PoolTarget:

@@ -43,7 +43,7 @@ from elastune.planners.search.schedulers.base import Segment
 from elastune.planners.staging.admission import StageSlots
 from elastune.planners.staging.plan import allocate, compile_plan
 from elastune.planners.staging.stagepack import StagePacker
-from elastune.tasks.train import SegmentReport
+from elastune.tasks.contract import SegmentReport
 
 AT_RISK_TAG = "elastune.deadline_at_risk"
 
@@ -202,7 +202,7 @@ class InFlight:
         assert isinstance(admission, StageSlots | StagePacker)  # a planned job's policies
         admitted = admission.replanned(plan, frozenset(draining))
         execution = dataclasses.replace(execution, plan=plan, admission=admitted)
-        self.job.compiled = dataclasses.replace(self.job.compiled, execution=execution)
+        self.job.prepared = self.job.prepared.model_copy(update={"execution": execution})
 
     def _in_flight(
         self, allocation: StageAllocation, running: dict[tuple[int, int], Held]

@@ -138,7 +138,7 @@ def register_best(job: Job, best: Best) -> dict[str, Any]:
         seed=job.ref.trial_seed(best.trial),
     )
     try:
-        job.compiled.trainable(dict(best.config), ctx)
+        job.prepared.trainable(dict(best.config), ctx)
     except (Exception, SystemExit) as exc:  # the job's results stand without a registry entry
         get_run_logger().warning("the trainable raised building the best model: %r", exc)
         return outcome

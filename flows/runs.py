@@ -11,8 +11,8 @@ from typing import Any
 
 from elastune.planners.search.schedulers.base import Action, Decision, Segment
 from elastune.planners.spec import JobSpec
+from elastune.tasks.contract import report_name
 from elastune.tasks.tracking import Tracker, flatten
-from elastune.tasks.train import report_name
 
 # The status a trial's run ends with when the scheduler ends the trial.
 ENDS = {Action.STOP: "FINISHED", Action.COMPLETE: "FINISHED", Action.FAIL: "FAILED"}

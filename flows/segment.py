@@ -50,7 +50,9 @@ from elastune.infra.warm_nodes import HEARTBEAT_SECONDS, Node
 from elastune.planners.search import Segment
 from elastune.planners.staging.devices import LocalDevices
 from elastune.planners.staging.placement import fits
-from elastune.tasks.train import JobRef, cuda_devices, release_devices, run_segment
+from elastune.tasks.contract import JobRef
+from elastune.tasks.gpus import cuda_devices
+from elastune.tasks.train import release_devices, run_segment
 
 FLOW_NAME = "train-segment"
 

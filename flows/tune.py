@@ -1,10 +1,10 @@
 """The tune flows: run a tuning job, or resume one whose driver died.
 
-``tune`` takes a job file (what deployments and the nightly flow pass); ``tune_spec`` takes
-the parsed job (what ``elastune run`` passes, having parsed it once). Both run
-:func:`run_job`: compile the job (its trainable, its execution plan), open its work pool
-(on a warm pool, segments are handed out ahead), create its study and parent run, and drive
-it (:mod:`elastune.flows.drive`).
+``tune`` takes a job file (what deployments and the nightly flow pass); ``tune_prepared``
+takes a job prepared already (what ``elastune run`` and ``elastune.run(...)`` pass, having
+checked it before anything started: :mod:`elastune.flows.prepare`). Both hand it to
+:func:`run_job`: open its pool (on a warm pool, segments are handed out ahead), create its
+study and parent run, and drive it (:mod:`elastune.flows.drive`).
 
 Each flow run is named after its job id, which the UI lists it by: from the start when the
 caller made the id (the CLI, ``resume``), else (a deployment's run) once the flow has made it.
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -28,13 +27,13 @@ from prefect.runtime import flow_run
 from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from elastune.flows.compiled import CompiledJob, compile_job
 from elastune.flows.drive import drive
 from elastune.flows.job import Job, new_job_id
-from elastune.flows.pools import PoolSizer, PoolTarget, open_pool
+from elastune.flows.pools import PoolSizer, PoolTarget
+from elastune.flows.prepare import PreparedJob, prepare
 from elastune.flows.stored import stored_job
 from elastune.infra.sizing import InfraError
-from elastune.planners.spec import MAX_WORKERS, JobSpec, SpecError, load_job
+from elastune.planners.spec import MAX_WORKERS, SpecError, load_job
 
 # The driver's segments in flight, a thread each; Prefect runs a copy per flow run.
 DRIVER_RUNNER = ThreadPoolTaskRunner(max_workers=MAX_WORKERS)
@@ -58,28 +57,31 @@ def tune(
     ``warm_start`` configurations are tried first (the nightly flow passes last night's best).
     """
     with bad_input_fails_the_run() as outcome:
-        outcome.value = run_job(load_job(job_file, overrides or ()), job_id, warm_start)
+        prepared = prepare(load_job(job_file, overrides or ()))
+        outcome.value = run_job(prepared, job_id, warm_start)
     return outcome.value
 
 
-@flow(name="tune", flow_run_name=job_run_name, task_runner=DRIVER_RUNNER)
-def tune_spec(
-    spec: JobSpec, job_id: str | None = None, warm_start: list[dict[str, Any]] | None = None
+# Its parameter is shown, not validated: a prepared job holds its trainable and its pool.
+@flow(name="tune", flow_run_name=job_run_name, task_runner=DRIVER_RUNNER, validate_parameters=False)
+def tune_prepared(
+    job: PreparedJob, job_id: str | None = None, warm_start: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """Run the parsed tuning job ``spec`` and return its summary (see :func:`tune`)."""
+    """Run the prepared tuning ``job`` and return its summary (see :func:`tune`)."""
     with bad_input_fails_the_run() as outcome:
-        outcome.value = run_job(spec, job_id, warm_start)
+        outcome.value = run_job(job, job_id, warm_start)
     return outcome.value
 
 
 def run_job(
-    spec: JobSpec, job_id: str | None = None, warm_start: list[dict[str, Any]] | None = None
+    prepared: PreparedJob, job_id: str | None = None, warm_start: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
-    """Compile, create and drive a new job; bad input is found before anything is created."""
-    job_id = job_id or new_job_id(spec.name)
+    """Open the pool, create and drive a new job; bad input is found before anything is
+    created."""
+    job_id = job_id or new_job_id(prepared.spec.name)
     name_run(job_id)
-    compiled, pool = compile_for_pool(spec)
-    job = Job.create(compiled, job_id, warm_start or [])
+    prepared, pool = open_pool_for(prepared)
+    job = Job.create(prepared, job_id, warm_start or [])
     return drive(job, pool)
 
 
@@ -99,22 +101,22 @@ def resume(job_id: str, storage: str = "sqlite:///.elastune/optuna.db") -> dict[
         outcome.value = stored.already_finished()
         if outcome.value is not None:
             return outcome.value
-        compiled, pool = compile_for_pool(stored.spec)
-        outcome.value = drive(Job.resume(compiled, stored), pool)
+        prepared, pool = open_pool_for(prepare(stored.spec))
+        outcome.value = drive(Job.resume(prepared, stored), pool)
     return outcome.value
 
 
-def compile_for_pool(spec: JobSpec) -> tuple[CompiledJob, PoolTarget | None]:
-    """The job compiled (its mistakes found first) and the work pool its segments run on
-    (None: the local pool, this process); on a pool whose nodes queue segments, the plan
-    hands segments out ahead."""
-    compiled = compile_job(spec)
-    pool = None if spec.compute.pool == "local" else open_pool(spec)
-    if pool is not None and pool.queues:
-        compiled = replace(compiled, execution=compiled.execution.queued_on_nodes())
-    if pool is not None:  # a stage the cluster cannot hold is bad input, found here
-        PoolSizer(pool.backend, compiled.execution, spec.scheduler.name).check()
-    return compiled, pool
+def open_pool_for(prepared: PreparedJob) -> tuple[PreparedJob, PoolTarget]:
+    """The pool the job's segments run on, opened (a work pool's mistakes found here), and
+    the job as it runs there: on a pool whose nodes queue segments, the plan hands segments
+    out ahead."""
+    pool = prepared.pool.open()
+    if pool.queues:
+        execution = prepared.execution.queued_on_nodes()
+        prepared = prepared.model_copy(update={"execution": execution})
+    # A stage the cluster cannot hold is bad input, found here.
+    PoolSizer(pool.backend, prepared.execution, prepared.spec.scheduler.name).check()
+    return prepared, pool
 
 
 class _Outcome:

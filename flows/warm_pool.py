@@ -53,8 +53,8 @@ from elastune.infra.warm_nodes import (
 from elastune.planners.search.schedulers.base import Segment
 from elastune.planners.spec import MAX_WORKERS, EcsSpec
 from elastune.planners.staging.placement import best_fit
+from elastune.tasks.contract import JobRef, SegmentReport, report_name
 from elastune.tasks.tracking import Tracker
-from elastune.tasks.train import JobRef, SegmentReport, report_name
 
 # How often a driver waiting for room on a node looks again.
 POLL_SECONDS = 0.5
@@ -179,6 +179,9 @@ class WarmPool:
         # doubled the server's writes per segment, measured in docs/prefect-server.md).
         launch = functools.partial(launch_on_node, self, job, segment, config, run_id, timeout)
         return self.threads.submit(contextvars.copy_context().run, relaunched, launch)
+
+    def close(self) -> None:
+        return None  # the nodes' workers outlive the job, warm for the next
 
 
 def open_warm_pool(

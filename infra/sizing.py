@@ -124,11 +124,10 @@ class PoolBackend:
 
     Put capacity parts first: they are checked, sized and released before the Prefect limit,
     so a stage the cluster cannot hold fails before anything changes, and money stops first.
+    A backend without parts sizes nothing: the pool of this machine.
     """
 
     def __init__(self, kind: str, parts: Sequence[Sizer]) -> None:
-        if not parts:
-            raise ValueError("parts must name at least one sizer")
         self.kind = kind
         self.parts = list(parts)
         self.records: list[SizingRecord] = []
@@ -199,7 +198,7 @@ class PoolBackend:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is not None:
+        if exc is not None and self.parts:
             log.warning("job ended with %s; releasing the pool", type(exc).__name__)
         try:
             self.release()

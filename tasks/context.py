@@ -100,7 +100,7 @@ class TrialContext:
         gpus: GPUs granted to this segment (``< 1`` means a shared GPU).
         rank: This process's rank in a data-parallel segment.
         world_size: Processes in a data-parallel segment.
-        seed: The trial's seed (:meth:`elastune.tasks.train.JobRef.trial_seed`: the job's
+        seed: The trial's seed (:meth:`elastune.tasks.contract.JobRef.trial_seed`: the job's
             ``sampler.seed`` mixed with the trial id); default: the trial id.
         spool: Where checkpoints are kept until :meth:`finish` hands the newest to MLflow
             (segments of the local pool); None: each goes to MLflow at once.

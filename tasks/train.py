@@ -27,16 +27,12 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
-import os
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
@@ -44,112 +40,21 @@ from prefect.logging import get_run_logger
 from prefect.utilities.timeout import timeout as time_limit
 
 from elastune.planners.search.schedulers.base import Result, Segment
-from elastune.planners.spec import JobSpec, SpecError
+from elastune.planners.spec import SpecError
 from elastune.planners.staging.devices import LocalDevices
-from elastune.planners.staging.widths import FALLBACK_HINT, profile_widths, width_problem
-from elastune.tasks.context import TrialContext, mix
+from elastune.planners.staging.widths import FALLBACK_HINT, width_problem
+from elastune.tasks.context import TrialContext
+from elastune.tasks.contract import JobRef, SegmentReport, report_name, timeout_reason
 from elastune.tasks.distributed import DistContext, DistributedError, run_distributed
+from elastune.tasks.gpus import cuda_devices, mps_running
 from elastune.tasks.spool import Spool
 from elastune.tasks.tracking import Tracker, shared_tracker
 from elastune.tasks.trainable import Trainable, TrainableError, load_trainable, supports_distributed
 from elastune.tasks.workers import LocalWorkers, WorkerDied
 
 
-@dataclass(frozen=True)
-class JobRef:
-    """What a segment needs to know about its job; small and picklable for remote workers."""
-
-    job_id: str
-    trainable: str
-    metric: str
-    mode: str
-    max_resource: float
-    mlflow_uri: str
-    experiment: str
-    # Elastic widths: the profile's GPU counts (None: no profile), the pool's GPUs, and
-    # whether a width that cannot run falls back to 1 GPU.
-    widths: tuple[float, ...] | None = None
-    max_gpus: int | None = None
-    elastic_fallback: bool = False
-    seed: int | None = None  # sampler.seed: trials of jobs seeded alike start alike
-    segment_timeout: float | None = None  # compute.segment_timeout (None: no limit)
-    # Wall-clock time (time.time()) of budget.deadline, counted from the job's start on its
-    # driver: segments stop at their first step past it (TrialContext.range). None: none.
-    deadline_at: float | None = None
-
-    def trial_seed(self, trial: int) -> int:
-        """``ctx.seed`` of a trial: the job's seed mixed with the trial id (the trial id
-        alone when the job has no seed); 31 bits, so that any seeding API takes it, and
-        arithmetic on it (``GlobalBatches``) stays within 64 bits."""
-        return trial if self.seed is None else mix(self.seed, trial) % 2**31
-
-    @classmethod
-    def of(cls, spec: JobSpec, job_id: str, mlflow_uri: str) -> JobRef:
-        """The job's reference, its deadline counted from now."""
-        deadline = spec.budget.deadline
-        return cls(
-            job_id,
-            spec.trainable,
-            spec.metric,
-            spec.mode,
-            spec.scheduler.max_resource,
-            mlflow_uri,
-            spec.experiment,
-            widths=profile_widths(spec),
-            max_gpus=spec.compute.max_gpus,
-            elastic_fallback=spec.compute.elastic_fallback,
-            seed=spec.sampler.seed,
-            segment_timeout=spec.compute.segment_timeout,
-            deadline_at=None if deadline is None else time.time() + deadline,
-        )
-
-    def loss(self, value: float) -> float:
-        return -value if self.mode == "max" else value
-
-
-@dataclass(frozen=True)
-class SegmentReport:
-    """A finished segment: the scheduler's :class:`Result` plus what went wrong, if anything.
-    ``cut``: the job's deadline stopped it short of its stop (its result is partial)."""
-
-    result: Result
-    metrics_seen: tuple[str, ...]
-    error: str | None = None
-    cut: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def failure(cls, segment: Segment, reason: str) -> SegmentReport:
-        """A segment that produced nothing (timed out, lost its worker): the trial fails."""
-        return cls(Result(segment.trial, segment.start, math.inf, failed=True), (), reason)
-
-    @classmethod
-    def timed_out(cls, segment: Segment, seconds: float) -> SegmentReport:
-        """A segment its driver gave up on after ``compute.segment_timeout``."""
-        return cls.failure(segment, timeout_reason(seconds))
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SegmentReport:
-        result = dict(data["result"])
-        result["history"] = tuple(tuple(point) for point in result["history"])
-        return cls(
-            Result(**result), tuple(data["metrics_seen"]), data["error"], data.get("cut", False)
-        )
-
-
 class SegmentTimeout(TimeoutError):
     """The trainable ran over ``compute.segment_timeout``."""
-
-
-def timeout_reason(seconds: float) -> str:
-    return f"timeout: segment ran over {seconds:g} s"
-
-
-def report_name(segment: Segment) -> str:
-    """Artifact name of a segment's report in its trial's MLflow run."""
-    return f"{segment.start:g}-{segment.stop:g}"
 
 
 @task(
@@ -469,25 +374,3 @@ def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
         return get_run_logger()
     except MissingContextError:  # called outside a Prefect run (tests, a plain script)
         return logging.getLogger("elastune")
-
-
-def cuda_devices() -> int | None:
-    """CUDA devices on this machine; None without CUDA (data-parallel ranks are then CPU
-    processes, as many as asked for)."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else None
-
-
-def mps_running() -> bool:
-    """Is an NVIDIA MPS control daemon serving this machine? While it runs, its pid is in
-    ``nvidia-cuda-mps-control.pid`` in ``$CUDA_MPS_PIPE_DIRECTORY`` (default
-    ``/tmp/nvidia-mps``). Its ``control`` socket outlives a daemon that quit, and the pid
-    file one that was killed, so the pid must also be a live process."""
-    pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-    try:
-        pid = int(Path(pipes, "nvidia-cuda-mps-control.pid").read_text())
-        os.kill(pid, 0)  # signal 0: does the process exist?
-    except PermissionError:  # it exists, run by another user
-        return True
-    except (OSError, ValueError):
-        return False
-    return True

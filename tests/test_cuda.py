@@ -20,8 +20,10 @@ import pytest
 import torch
 
 from elastune.planners.search import Segment
+from elastune.tasks.contract import JobRef
+from elastune.tasks.gpus import mps_running
 from elastune.tasks.tracking import Tracker
-from elastune.tasks.train import JobRef, mps_running, run_segment
+from elastune.tasks.train import run_segment
 from tests.test_devices import overlaps, run_four_segments
 
 pytestmark = [
@@ -98,7 +100,8 @@ CHILD = """
 import sys, torch
 from elastune.planners.search import Segment
 from elastune.tasks.tracking import Tracker
-from elastune.tasks.train import JobRef, run_segment
+from elastune.tasks.contract import JobRef
+from elastune.tasks.train import run_segment
 store = sys.argv[1]
 job = JobRef("job", "tests.trainables:device_counter", "val_accuracy", "max", 2, store, "mps")
 tracker = Tracker(store, "mps")

@@ -14,17 +14,18 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from elastune.flows.cli import _print_run, main
-from elastune.flows.compiled import compile_job
 from elastune.flows.drive import recover
 from elastune.flows.job import Job
+from elastune.flows.prepare import prepare
 from elastune.flows.stored import stored_job
 from elastune.planners.search import TuningLoop
 from elastune.planners.search.journal import StudyJournal
 from elastune.planners.search.schedulers.base import Action, Result, Segment
 from elastune.planners.spec import parse_job
 from elastune.tasks.context import TrialContext
+from elastune.tasks.contract import JobRef, SegmentReport, report_name
 from elastune.tasks.tracking import Tracker
-from elastune.tasks.train import JobRef, SegmentReport, report_name, run_segment
+from elastune.tasks.train import run_segment
 from tests.test_story import run_cli
 
 JOB = {
@@ -195,7 +196,7 @@ def test_a_segment_its_deadline_cut_runs_again_when_its_job_resumes(tmp_path: Pa
             },
         }
     )
-    job = Job.create(compile_job(spec), "deadline-resumed", [])
+    job = Job.create(prepare(spec), "deadline-resumed", [])
     segment, other = job.loop.next_segment(), job.loop.next_segment()
     run_id = job.trial_run(segment)
     result = Result(segment.trial, 4, -0.5, history=((4.0, -0.5),))
@@ -205,7 +206,7 @@ def test_a_segment_its_deadline_cut_runs_again_when_its_job_resumes(tmp_path: Pa
     job.cut(segment, saved)  # recorded, and the driver dies before the job's end
     job.flush()
     stored = stored_job(job.job_id, spec.tracking.optuna_storage)
-    again = Job.resume(compile_job(stored.spec), stored)
+    again = Job.resume(prepare(stored.spec), stored)
     assert again.tally.segments == 0 and recover(again) == [segment, other]
     result = Result(segment.trial, 40, -0.5, history=((40.0, -0.5),))
     whole = SegmentReport(result, ("val_accuracy",))

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-import elastune.flows.compiled
+import elastune.flows.pools
 import elastune.tasks.train
 import elastune.tasks.workers
 from elastune.flows.cli import main
@@ -94,7 +94,7 @@ def two_devices_recorded(monkeypatch) -> list[tuple[float, float, tuple[int, ...
     """A machine with two CUDA devices, as the driver sees it; training itself stays on the
     CPU here (run_segment ignores device ids without CUDA), so each segment's begin, end,
     device ids, trial and worker process are recorded as it ends."""
-    monkeypatch.setattr(elastune.flows.compiled, "cuda_devices", lambda: 2)
+    monkeypatch.setattr(elastune.flows.pools, "cuda_devices", lambda: 2)
     calls: list[tuple[float, float, tuple[int, ...], int, int]] = []
     real = elastune.tasks.workers.Worker.call
 
@@ -146,13 +146,13 @@ def overlaps(spans: list[tuple]) -> list[tuple[tuple, tuple]]:
 def test_mps_is_running_only_while_its_daemon_lives(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
     (tmp_path / "control").touch()  # the socket file outlives the daemon
-    assert not elastune.tasks.train.mps_running()
+    assert not elastune.tasks.gpus.mps_running()
     pid_file = tmp_path / "nvidia-cuda-mps-control.pid"
     daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         pid_file.write_text(str(daemon.pid))
-        assert elastune.tasks.train.mps_running()
+        assert elastune.tasks.gpus.mps_running()
     finally:
         daemon.kill()
         daemon.wait()
-    assert not elastune.tasks.train.mps_running()  # killed: its pid file stayed behind
+    assert not elastune.tasks.gpus.mps_running()  # killed: its pid file stayed behind

@@ -20,7 +20,7 @@ from elastune.flows.pools import segment_deployment
 from elastune.flows.segment import flow_parameters
 from elastune.infra.template import gpu_job_variables
 from elastune.planners.search import Segment
-from elastune.tasks.train import JobRef
+from elastune.tasks.contract import JobRef
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

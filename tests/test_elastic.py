@@ -22,8 +22,9 @@ from elastune.planners.search.schedulers.base import Segment
 from elastune.planners.spec import SpecError, parse_job
 from elastune.planners.staging.plan import compile_plan
 from elastune.planners.staging.widths import check_widths, width_problem
+from elastune.tasks.contract import JobRef, SegmentReport
 from elastune.tasks.tracking import Tracker
-from elastune.tasks.train import JobRef, SegmentReport, run_segment
+from elastune.tasks.train import run_segment
 
 DIGITS = {"lr": 0.003, "width": 4, "dropout": 0.0, "optimizer": "adam", "batch_size": 128}
 ATOL = 1e-4

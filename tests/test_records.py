@@ -17,13 +17,14 @@ from mlflow.entities import ViewType
 
 import elastune.flows.tune
 from elastune.flows.cli import main
-from elastune.flows.compiled import compile_job
 from elastune.flows.job import Job
+from elastune.flows.prepare import prepare
 from elastune.flows.stored import stored_job
 from elastune.planners.search import Segment
 from elastune.planners.spec import parse_job
+from elastune.tasks.contract import JobRef
 from elastune.tasks.tracking import Tracker
-from elastune.tasks.train import JobRef, run_segment
+from elastune.tasks.train import run_segment
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = {
@@ -85,7 +86,7 @@ def test_resuming_a_finished_job_changes_nothing_and_says_so(tmp_path, stores, c
     # Replaying the journal (what resuming an unfinished job does) rewrites no finished
     # run's end time, status or tags.
     stored = stored_job(job_id, storage)
-    Job.resume(compile_job(stored.spec), stored)
+    Job.resume(prepare(stored.spec), stored)
     assert records(tmp_path, storage, job_id) == before
 
 
@@ -123,7 +124,7 @@ def test_unknown_job_id_answers_before_prefect(tmp_path, capsys, monkeypatch) ->
 def test_stores_and_pool_names_answer_before_prefect(
     override, field, tmp_path, stores, capsys, monkeypatch
 ) -> None:
-    monkeypatch.setattr(elastune.flows.tune, "tune_spec", no_prefect)
+    monkeypatch.setattr(elastune.flows.tune, "tune_prepared", no_prefect)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(JOB))
     assert main(["run", str(path), *stores, "--set", override]) == 2

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from elastune.flows.compiled import compile_job
 from elastune.flows.job import Job, new_job_id
+from elastune.flows.prepare import prepare
 from elastune.flows.replan import AT_RISK_TAG, InFlight
 from elastune.planners.cost import plan_job
 from elastune.planners.cost.held import Held
@@ -25,7 +25,7 @@ from elastune.planners.search import Result, Segment
 from elastune.planners.spec import parse_job
 from elastune.planners.staging import Profile, StagePacker
 from elastune.planners.staging.admission import StageSlots
-from elastune.tasks.train import SegmentReport
+from elastune.tasks.contract import SegmentReport
 from tests.test_e2e import JOB, run_job
 
 pytestmark = pytest.mark.slow
@@ -104,7 +104,7 @@ def in_flight(tmp_path: Path, raw: dict[str, Any]) -> tuple[Job, InFlight]:
         "optuna_storage": f"sqlite:///{tmp_path}/optuna.db",
     }
     spec = parse_job({**raw, "tracking": stores})
-    job = Job.create(compile_job(spec), new_job_id(spec.name), [])
+    job = Job.create(prepare(spec), new_job_id(spec.name), [])
     flight = InFlight.of(job)
     assert flight is not None
     return job, flight

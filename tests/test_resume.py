@@ -127,8 +127,8 @@ def test_trial_run_left_untagged_by_a_killed_driver_is_taken_up(
 ) -> None:
     from mlflow import MlflowClient
 
-    from elastune.flows.compiled import compile_job
     from elastune.flows.job import Job, new_job_id
+    from elastune.flows.prepare import prepare
     from elastune.flows.tune import resume
     from elastune.planners.spec import parse_job
 
@@ -147,7 +147,7 @@ def test_trial_run_left_untagged_by_a_killed_driver_is_taken_up(
     job_id = new_job_id(spec.name)
     # What a driver killed inside Job.submit leaves: trial 0 handed out (journaled) and its
     # MLflow run started, but the run's id not yet stored on the Optuna trial.
-    job = Job.create(compile_job(spec), job_id, [])
+    job = Job.create(prepare(spec), job_id, [])
     segment = job.loop.next_segment()
     config = job.loop.configs[segment.trial]
     left = job.runs.tracker.start_trial(job_id, job.runs.parent, segment.trial, config)

@@ -50,7 +50,8 @@ def test_no_checkpoint_means_a_fresh_trial(tmp_path: Path) -> None:
 
 def test_a_segment_whose_report_was_lost_is_recovered_not_failed(tmp_path: Path) -> None:
     from elastune.planners.search import Segment
-    from elastune.tasks.train import JobRef, run_segment
+    from elastune.tasks.contract import JobRef
+    from elastune.tasks.train import run_segment
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     job = JobRef("job", "tests.trainables:quadratic", "val_accuracy", "max", 9, uri, "ckpt")
@@ -68,7 +69,8 @@ def test_a_segment_whose_report_was_lost_is_recovered_not_failed(tmp_path: Path)
 
 def test_a_segment_resumed_mid_way_reports_the_epochs_before_the_crash(tmp_path: Path) -> None:
     from elastune.planners.search import Segment
-    from elastune.tasks.train import JobRef, run_segment
+    from elastune.tasks.contract import JobRef
+    from elastune.tasks.train import run_segment
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     job = JobRef("job", "tests.trainables:quadratic", "val_accuracy", "max", 9, uri, "ckpt")
@@ -184,7 +186,8 @@ def test_a_time_limit_that_falls_due_while_ctx_writes_leaves_the_store_unlocked(
     """The limit is raised into the training thread; were it raised inside one of MLflow's
     SQLite transactions, the store would stay locked for every other connection."""
     from elastune.planners.search import Segment
-    from elastune.tasks.train import JobRef, run_segment
+    from elastune.tasks.contract import JobRef
+    from elastune.tasks.train import run_segment
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     trainable = "tests.trainables:checkpoints_until_stopped"

@@ -29,8 +29,9 @@ from mlflow import MlflowClient
 
 from elastune.flows.cli import main
 from elastune.planners.search import Segment
+from elastune.tasks.contract import JobRef, report_name
 from elastune.tasks.tracking import Tracker
-from elastune.tasks.train import JobRef, report_name, run_segment
+from elastune.tasks.train import run_segment
 from tests.prefect_server import segment_runs, warm_nodes
 
 pytestmark = pytest.mark.slow
@@ -133,7 +134,8 @@ def test_killed_worker_process_is_retried_from_the_checkpoint(
 SEGMENT = """
 import json, sys
 from elastune.planners.search import Segment
-from elastune.tasks.train import JobRef, run_segment
+from elastune.tasks.contract import JobRef
+from elastune.tasks.train import run_segment
 job, segment, run_id = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
 run_segment(JobRef(**job), Segment(**segment), {"x": 0.5}, run_id)
 """

@@ -21,10 +21,11 @@ Example:
 """
 
 from elastune.planners.spec.load import apply_override, load_job, parse_job
-from elastune.planners.spec.model import MAX_WORKERS, EcsSpec, JobSpec, SpecError
+from elastune.planners.spec.model import LOCAL_POOL, MAX_WORKERS, EcsSpec, JobSpec, SpecError
 from elastune.planners.spec.space import contains, distributions, make_sampler
 
 __all__ = [
+    "LOCAL_POOL",
     "MAX_WORKERS",
     "EcsSpec",
     "JobSpec",

@@ -330,10 +330,12 @@ POOL_NAME_BANNED = "/%&><"  # characters Prefect refuses in a work pool's name
 # The most segments one driver keeps in flight: a thread of its task runner each
 # (flows/tune.py, flows/warm_pool.py). More workers would wait for a thread, unseen.
 MAX_WORKERS = 512
+# compute.pool naming this machine: each segment in a worker process of the driver.
+LOCAL_POOL = "local"
 
 
 class ComputeSpec(StrictModel):
-    pool: str = "local"
+    pool: str = LOCAL_POOL
     workers: int = Field(default=2, ge=1, le=MAX_WORKERS)
     # Catalog types, or ``[local]``: this machine (planners/cost/local.py), also what a job
     # on the local pool without instance types is planned on.
