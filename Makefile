@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
 #   make demo   set up .venv and run examples/digits.yaml (local Prefect, MLflow on SQLite, CPU)
 #   make test   set up .venv and run the test suite (what .ci/run calls)
+#   make test-fast   the quick loop: lint and the tests marked not slow
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -26,6 +27,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 2 --dist worksteal
+
+# The quick loop while working: lint and the tests that start no server and train no
+# model (CI runs everything).
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -n 2 --dist worksteal -m "not slow" -q
 
 # After changing a range in pyproject.toml: the venv's exact versions become the tested set.
 constraints: $(STAMP)

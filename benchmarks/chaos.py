@@ -1,4 +1,4 @@
-"""Issue 7's figure: kill the driver of a digits job at random points and resume each time.
+"""kill the driver of a digits job at random points and resume each time.
 
 The job is ``examples/digits.yaml`` run through the real CLI with fresh MLflow, Optuna and
 Prefect stores in a temporary folder. The driver (``python -m elastune.flows.cli run``, in its own
@@ -136,7 +136,7 @@ def job_id_of(log: Path, process: subprocess.Popen) -> str:
 
 def checkpoint_files(stores: Stores) -> set[Path]:
     """Checkpoint files in the job's artifact store and in the spool where a local segment
-    keeps them until it ends (both beside its MLflow database, tasks/spool.py)."""
+    keeps them until it ends (both beside its MLflow database, tasks/checkpoint_spool.py)."""
     kept = set((stores.root / "spool").glob("*/resource-*.pt"))
     return set((stores.root / "artifacts").glob("**/checkpoints/*.pt")) | kept
 

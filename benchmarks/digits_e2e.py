@@ -1,4 +1,4 @@
-"""Issue 2's figure: examples/digits.yaml end to end, through the real CLI.
+"""examples/digits.yaml end to end, through the real CLI.
 
 Runs ``elastune run examples/digits.yaml --json`` in a fresh process with fresh MLflow and
 Optuna stores, and prints the best validation accuracy, the trial count and the wall-clock

@@ -1,4 +1,4 @@
-"""What a work-pool segment costs to hand out: warm workers against local mode (issue 13).
+"""What a work-pool segment costs to hand out: warm workers against local mode.
 
 On one Prefect server on loopback (``elastune.infra.local_cluster``), with 2 slots each way:
 
@@ -152,9 +152,9 @@ def main(argv: list[str] | None = None) -> None:
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
     )
     from elastune.infra.local_cluster import running_cluster
-    from elastune.tasks.workers import warm_fork_server
+    from elastune.tasks.worker_processes import warm_fork_server
 
-    # Local jobs' workers fork from a server this process starts once (tasks/workers.py):
+    # Local jobs' workers fork from a server this process starts once (tasks/worker_processes.py):
     # started before the timing, as `elastune run` has its own from its start.
     warm_fork_server()
 

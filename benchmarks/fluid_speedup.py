@@ -1,4 +1,4 @@
-"""Speed-up of synchronous SHA and Hyperband with Fluid packing and elastic widths (issue 6).
+"""Speed-up of synchronous SHA and Hyperband with Fluid packing and elastic widths.
 
 Protocol: the first 10 LCBench tasks in table mode (``lcbench-table:TASK``: the 1000-config
 table, configurations drawn without replacement, one permutation per seed), 3 seeds, a

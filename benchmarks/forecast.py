@@ -1,4 +1,4 @@
-"""Issue 12's forecast figure: profile, plan and run local jobs for real, and hold each
+"""The forecast figure: profile, plan and run local jobs for real, and hold each
 plan's JCT forecast (p50, p95) against the run's measured ``wall_seconds``.
 
 Each job goes through the user's loop, in fresh processes and fresh stores:
@@ -8,7 +8,7 @@ calibrated by four small jobs), the profile and a deadline added to the job file
 LCBench replay trainable (:func:`lcbench_slow`) with Hyperband and SHA, at 0.2 s and 0.5 s
 epochs. Goal: every job within 10% of its p50, none above its p95. Beside the p95, the same
 plan's p95 were the calibrated numbers and spreads exact (the profile without
-``calibration_cov`` and ``calibration_dof``: the band before session 19), and the stage
+``calibration_cov`` and ``calibration_dof``: no band for the calibration's own error), and the stage
 whose measured end lay farthest from its forecast p50. Writes benchmarks/results/forecast.json.
 
     python benchmarks/forecast.py            # the four jobs, about 4 minutes each

@@ -20,7 +20,7 @@ Measured one piece at a time, on the stores a job uses (MLflow and Optuna on SQL
 - a command's exit: ``elastune run`` of a 2-trial digits job in a fresh process, the seconds
   from its last exit handler to the process's end (CPython's last collections and module
   teardown), as the command leaves it (what lives at exit frozen out of those
-  collections, ``flows/collector.py``) and with that undone.
+  collections, ``flows/gc_freeze.py``) and with that undone.
 
 Beside them, one epoch of the digits CNN (width 32) on this machine, the training the
 bookkeeping is paid for. Run: ``python benchmarks/overhead.py`` (no ``PREFECT_API_URL``);
@@ -62,8 +62,8 @@ def tracking_costs(tmp: Path) -> dict[str, float]:
     one epoch of it."""
     import torch
 
+    from elastune.tasks.checkpoint_spool import Spool
     from elastune.tasks.context import TrialContext
-    from elastune.tasks.spool import Spool
     from elastune.tasks.tracking import Tracker
     from examples.digits import Net, data
 

@@ -1,4 +1,4 @@
-"""Makespan / area lower bound of the Fluid packers over a suite of TrialGroups (issue 6).
+"""Makespan / area lower bound of the Fluid packers over a suite of TrialGroups.
 
 Groups:
 * synthetic: random heights (log-normal or uniform), 1..64 trials, pools of 8, 16 and 32
@@ -18,7 +18,7 @@ LCBench only gives single-device times, so the scaling profile is modelled:
 is loose (tests/test_packing.py shows a group no schedule brings within 2x), so the 2x
 target applies to the suites without it.
 
-Issue 6's other figure, the speed-up of synchronous SHA/Hyperband with packing in the
+The other packing figure, the speed-up of synchronous SHA/Hyperband with packing in the
 LCBench simulator, is ``benchmarks/fluid_speedup.py``.
 
 Run: ``python benchmarks/packing.py`` (about a minute); writes benchmarks/results/packing.json.

@@ -1,4 +1,4 @@
-"""Benchmark of the cost planner (issue 4): RubberBand against brute force and static pools.
+"""Benchmark of the cost planner: RubberBand against brute force and static pools.
 
 For every scenario (job size, scaling, billing, instance types, tight or loose deadline)
 it prints and records:
@@ -16,7 +16,7 @@ A tight deadline is 1.25x the p95 JCT of the fastest plan on the job's types; a 
 is 4x. Run: ``python benchmarks/planner.py`` (a few minutes: the brute force); writes
 ``benchmarks/results/planner.json``.
 
-``python benchmarks/planner.py --spot`` (issue 7) plans a subset of the scenarios with
+``python benchmarks/planner.py --spot`` plans a subset of the scenarios with
 ``compute.spot`` on, twice: on the default catalog's spot market and on a stressed one
 (every interruption rate x50). It prints the spot plan's mean cost against the on-demand
 plan, the static baselines (on-demand) and the cheapest static spot pool that meets the
@@ -42,12 +42,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from elastune.planners.cost import plan_job
-from elastune.planners.cost.billing import BillingRule
-from elastune.planners.cost.catalog import Catalog, read_catalog
-from elastune.planners.cost.job import job_profile
-from elastune.planners.cost.rubberband import RubberBand
-from elastune.planners.cost.simulate import PlanSimulator
-from elastune.planners.cost.sizing import chains_of
+from elastune.planners.cost.montecarlo.simulate import PlanSimulator
+from elastune.planners.cost.planning.rubberband import RubberBand
+from elastune.planners.cost.price_job import job_profile
+from elastune.planners.cost.pricing.billing import BillingRule
+from elastune.planners.cost.pricing.catalog import Catalog, read_catalog
+from elastune.planners.cost.pricing.stage_shapes import chains_of
 from elastune.planners.spec import JobSpec, parse_job
 from elastune.planners.staging import compile_plan
 
@@ -301,7 +301,7 @@ def main() -> None:
         "deadline hit >= 95%": summary["min_deadline_hit_rate"] >= 0.95,
         "planning <= 2 s": summary["max_planning_s"] <= 2.0,
     }
-    publish("planner.json", "cost planner (issue 4)", summary, targets, rows)
+    publish("planner.json", "cost planner", summary, targets, rows)
 
 
 def publish(
@@ -337,7 +337,7 @@ def publish(
     print(f"\nwrote {out}")
 
 
-# --- spot capacity (issue 7): ``python benchmarks/planner.py --spot`` ----------------------
+# --- spot capacity: ``python benchmarks/planner.py --spot`` ----------------------
 
 SPOT_SCENARIOS = (
     "sha9-g5-lin",
@@ -372,7 +372,7 @@ def static_spot(
 ) -> tuple[float | None, str | None]:
     """Mean cost of the cheapest static spot pool (of the job's quota at most) that meets
     the deadline by the planner's rule for spot plans, and its type; None when none does."""
-    from elastune.planners.cost.baselines import static_pool
+    from elastune.planners.cost.planning.baselines import static_pool
 
     best: tuple[float, str] | None = None
     quota = planner.max_gpus or 10**6
@@ -508,7 +508,7 @@ def main_spot() -> None:
     }
     publish(
         "planner_static_spot.json",
-        "cost planner on spot capacity (issue 7)",
+        "cost planner on spot capacity",
         summary,
         targets,
         rows,

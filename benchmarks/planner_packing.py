@@ -1,12 +1,11 @@
-"""Benchmark of the cost planner with Fluid packing (issue 6): predicted JCT and cost when
+"""Benchmark of the cost planner with Fluid packing: predicted JCT and cost when
 each stage's trials are packed onto the stage's nodes at Fluid widths, against the planner's
 fixed GPUs per trial.
 
-For every scenario of ``benchmarks/planner.py`` (same jobs, profiles, catalogs and
-deadlines) it plans the job twice with ``plan_job``: as today (``packing=False``) and with a
-simulator that packs every stage (``packing=True``: StaticFluid widths over the stage's
-``instances x GPUs per node``, see ``elastune.planners.cost.simulate.PlanSimulator.packed``). It
-records
+For every scenario of ``benchmarks/planner.py`` (same jobs, profiles, catalogs and deadlines) it
+plans the job twice with ``plan_job``: as today (``packing=False``) and with a simulator that packs
+every stage (``packing=True``: StaticFluid widths over the stage's ``instances x GPUs per node``,
+see ``elastune.planners.cost.montecarlo.simulate.PlanSimulator.packed``). It records
 
 - the unpacked plan priced again with packing: how much sooner the same nodes finish when
   the survivors of a stage take the GPUs its node count leaves idle (``same_plan_jct_ratio``:
@@ -47,8 +46,8 @@ from benchmarks.planner import (
     spec_for,
 )
 from elastune.planners.cost import plan_job
-from elastune.planners.cost.job import job_profile
-from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.montecarlo.simulate import PlanSimulator
+from elastune.planners.cost.price_job import job_profile
 
 
 def run_scenario(scenario: Scenario) -> dict[str, Any]:

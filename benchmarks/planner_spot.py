@@ -1,11 +1,11 @@
-"""Benchmark of spot with a deadline (issue 12, docs/algorithms.md §5.9).
+"""Benchmark of spot with a deadline (docs/algorithms.md §5.9).
 
 For each scenario (a SHA job, an instance-type set, a spot market) the deadline is
 ``--slack`` times the p95 JCT of the fastest on-demand plan. Every plan is run in the same
 ``--traces`` worlds (interruption traces, with their stragglers and startup delays: the
 simulator with one sample, seeds 0, 1, ...):
 
-- **spot with a deadline**: :func:`~elastune.planners.cost.spot_deadline.plan_spot`'s on-demand
+- **spot with a deadline**: :func:`~elastune.planners.cost.planning.spot.plan_spot`'s on-demand
 plan,
   each stage moved to spot at its barrier while the slack allows;
 - **on-demand only**: RubberBand's cheapest on-demand plan meeting the deadline.
@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from elastune.planners.cost.baselines import static_baselines
-from elastune.planners.cost.catalog import Catalog, parse_catalog, read_catalog
-from elastune.planners.cost.rubberband import RubberBand
-from elastune.planners.cost.simulate import PlanSimulator
-from elastune.planners.cost.spot_deadline import SpotDeadline, plan_spot
+from elastune.planners.cost.montecarlo.simulate import PlanSimulator
+from elastune.planners.cost.planning.baselines import static_baselines
+from elastune.planners.cost.planning.rubberband import RubberBand
+from elastune.planners.cost.planning.spot import SpotDeadline, plan_spot
+from elastune.planners.cost.pricing.catalog import Catalog, parse_catalog, read_catalog
 from elastune.planners.staging import Profile, Stage
 
 SAMPLES = 400
@@ -201,7 +201,7 @@ def main() -> None:
         print(f"{'MET   ' if met else 'MISSED'} {key}")
     out = Path(__file__).parent / "results" / "planner_spot.json"
     payload = {
-        "benchmark": "spot with a deadline (issue 12)",
+        "benchmark": "spot with a deadline",
         "python": platform.python_version(),
         "machine": platform.machine(),
         "samples": SAMPLES,

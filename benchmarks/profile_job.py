@@ -3,7 +3,7 @@
 Runs ``python -m elastune.flows.cli run`` on ``benchmarks/useful_work.py``'s job (bloom + mf-tpe,
 two workers, fresh stores, a migrated Prefect home) for ``--seconds``, in a process that also
 runs a sampling profiler, then kills it. The driver and each of its worker processes
-(tasks/workers.py: forks of the command, which inherit the profiler) run a sampler that
+(tasks/worker_processes.py: forks of the command, which inherit the profiler) run a sampler that
 wakes every 5 ms and charges each thread's CPU time since the last wake
 (``time.pthread_getcpuclockid``) to the stack that thread is in, so it sees every thread
 (training, the driver, Prefect's) and counts CPU, not waiting. Stacks are summed into parts
@@ -52,7 +52,7 @@ PARTS = [
     ("driver: hand out segments (sampler, journal)", "flows/drive.py:admit"),
     ("driver: start a segment (MLflow run)", "flows/drive.py:start"),
     ("driver: create the job", "flows/job.py:create"),
-    ("workers: take a segment, send its report", "tasks/workers.py:"),
+    ("workers: take a segment, send its report", "tasks/worker_processes.py:"),
     ("driver: other", "flows/"),
     ("Prefect (engine, client, events, logs)", "prefect/"),
 ]
@@ -94,7 +94,7 @@ def profile_this_process(out: Path) -> None:
     dumps its figures to ``out``'s folder, as ``profile-PID.json``."""
     import importlib
 
-    import elastune.tasks.workers
+    import elastune.tasks.worker_processes
 
     cpu: collections.Counter[str] = collections.Counter()
     walls: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
@@ -152,7 +152,10 @@ def profile_this_process(out: Path) -> None:
         owner = module if owner_name is None else getattr(module, owner_name)
         setattr(owner, name, timed(getattr(owner, name), f"{owner_name or module_name}.{name}"))
     gc.enable()
-    fork_server_here, serve = elastune.tasks.workers.fork_server_here, elastune.tasks.workers._serve
+    fork_server_here, serve = (
+        elastune.tasks.worker_processes.fork_server_here,
+        elastune.tasks.worker_processes._serve,
+    )
 
     def forked() -> bool:
         made = fork_server_here()
@@ -166,8 +169,8 @@ def profile_this_process(out: Path) -> None:
         start_sampling()
         return serve(*args)
 
-    elastune.tasks.workers.fork_server_here = forked
-    elastune.tasks.workers._serve = worker
+    elastune.tasks.worker_processes.fork_server_here = forked
+    elastune.tasks.worker_processes._serve = worker
 
 
 def merged(dumps: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Benchmark of re-planning in flight (issue 12, docs/algorithms.md §5.8).
+"""Benchmark of re-planning in flight (docs/algorithms.md §5.8).
 
 A SHA job (27 trials, eta 3, four stages) is planned with a profile that is wrong: the
 truth, which the planner does not see, is the profile's seconds per unit times an error
@@ -7,11 +7,13 @@ played in ``--worlds`` worlds: one draw of the truth's stragglers and startup de
 (the simulator with one sample and the world's seed), the same draws for the three runs:
 
 - **static**: the plan made with the wrong profile, kept to the end;
-- **re-planned**: the start elastune runs, :func:`~elastune.planners.cost.recourse.recourse_start`'s
-  plan (its first stage chosen for the re-planning to come); after the first wave of a
-  stage that runs in waves and at each stage barrier, the segments measured so far (and
-  those still running, censored) update a :class:`~elastune.planners.cost.estimate.ProfileEstimate`
-  and a :class:`~elastune.planners.cost.replan.Replanner` keeps or changes the remaining work;
+- **re-planned**: the start elastune runs,
+  :func:`~elastune.planners.cost.inflight.recourse.recourse_start`'s plan (its first stage
+  chosen for the re-planning to come); after the first wave of a stage that runs in waves
+  and at each stage barrier, the segments measured so far (and those still running,
+  censored) update a :class:`~elastune.planners.cost.inflight.estimate.ProfileEstimate` and
+  a :class:`~elastune.planners.cost.inflight.replanner.Replanner` keeps or changes the
+  remaining work;
 - **informed**: the re-planned run's start and moments, each decision made with the true
   profile: what a perfect estimate would buy, a bound on what better estimation can do
   at these moments (a diagnostic);
@@ -46,15 +48,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from elastune.planners.cost.allocation import AllocationPlan, StagePlan
-from elastune.planners.cost.catalog import Catalog, read_catalog
-from elastune.planners.cost.draws import DURATION
-from elastune.planners.cost.estimate import ProfileEstimate, Running
-from elastune.planners.cost.held import Held
-from elastune.planners.cost.recourse import first_options, recourse_start, start_on
-from elastune.planners.cost.replan import Replanner, first_wave, part
-from elastune.planners.cost.rubberband import RubberBand
-from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.inflight.estimate import ProfileEstimate, Running
+from elastune.planners.cost.inflight.recourse import first_options, recourse_start, start_on
+from elastune.planners.cost.inflight.replanner import Replanner, first_wave, part
+from elastune.planners.cost.montecarlo.draws import DURATION
+from elastune.planners.cost.montecarlo.held import Held
+from elastune.planners.cost.montecarlo.simulate import PlanSimulator
+from elastune.planners.cost.planning.rubberband import RubberBand
+from elastune.planners.cost.pricing.allocation import AllocationPlan, StagePlan
+from elastune.planners.cost.pricing.catalog import Catalog, read_catalog
 from elastune.planners.staging import Profile, Stage, place
 
 TYPES = ["g5.xlarge", "g5.12xlarge"]
@@ -123,8 +125,8 @@ def play(
     trial on the slot it freed (:func:`_first_wave`): those run on where they are, and a
     decision that changes the stage's trials not begun plays the rest of the run in a world
     of its own from then on, the trials running drawn given the time they have run
-    (``elastune.planners.cost.held``). Returns the JCT, the cost and how many decisions changed the
-    plan."""
+    (``elastune.planners.cost.montecarlo.held``). Returns the JCT, the cost and how many
+    decisions changed the plan."""
     totals = {(s.bracket, s.rung): s.trials for s in plan.chains[0]}
     leg = _Leg(world)
     finished: dict[tuple[int, int], int] = {}
@@ -483,7 +485,7 @@ def main() -> None:
         name = name.replace("replan", "replan_starts")
     out = Path(__file__).parent / "results" / name
     payload = {
-        "benchmark": "re-planning in flight (issue 12)",
+        "benchmark": "re-planning in flight",
         "python": platform.python_version(),
         "machine": platform.machine(),
         "samples": SAMPLES,

@@ -1,4 +1,4 @@
-"""Schedulers side by side on LCBench in simulated time (issue 3).
+"""Schedulers side by side on LCBench in simulated time.
 
 Protocol: the first 10 tasks of the LCBench table (YAHPO Gym surrogate, 1000 configurations
 x 52 epochs), 32 virtual workers, 5 seeds. Configurations are drawn from the table without

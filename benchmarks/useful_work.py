@@ -1,4 +1,4 @@
-"""Issue 16's figures: how much of a tuning job's time trains the model.
+"""how much of a tuning job's time trains the model.
 
 The same trainable (a two-layer MLP on a synthetic 8-class problem made in memory by
 scikit-learn, 12000 training and 4000 validation rows, so no download), the same search space

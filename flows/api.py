@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from elastune.flows.collector import start_uncollected
+from elastune.flows.gc_freeze import start_uncollected
 from elastune.planners.spec import JobSpec, SpecError, load_job, parse_job
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def quiet_defaults() -> None:
     # The local server migrates a fresh database first: 20 s is too little on a busy laptop.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # torch asks NVML whether there is a GPU, not CUDA itself: the process stays fit to
-    # fork its workers' server even when a trainable asks at import (tasks/workers.py).
+    # fork its workers' server even when a trainable asks at import (tasks/worker_processes.py).
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     # Checkpoint downloads would each draw a progress bar over ours.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -139,7 +139,7 @@ def resume_job(
     """:func:`resume`, a malformed ``storage`` named as ``field`` (the command's flag), and
     ``announce`` given the job id before it resumes."""
     quiet_defaults()
-    from elastune.flows.stored import stored_job
+    from elastune.flows.stored_job import stored_job
 
     # The study answers before Prefect starts: an unknown job id or a finished job at once.
     stored = stored_job(job_id, storage, field)

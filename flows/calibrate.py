@@ -1,17 +1,17 @@
 """What one slot of this machine does in a real run, measured by running the job: the
-second half of ``elastune profile`` (the first, :func:`elastune.tasks.profile.measure`, times units
+second half of ``elastune profile`` (the first, :func:`elastune.tasks.measure.measure`, times units
 in-process, one trial alone, and gives their spread and the device shares).
 
-Small jobs run through the real machinery (Prefect, MLflow, Optuna, the job's pool), each
-as ``elastune run`` in a fresh process, so that each pays the cold start a real run pays
-(imports, the first model and data, the first dispatch): the job cut down to one SHA rung
-of ``r`` resource units, ``n x slots`` trials of the random sampler (``n`` waves of
-segments, every slot busy, torch's threads shared as in a run), not planned, its stores in
-a throwaway folder. The slots are the plan's (:func:`elastune.planners.cost.local.local_slots`): the
-CUDA devices of a local job's machine, else ``compute.workers``; one segment per slot, so
-that ``t`` is a whole slot's, the profile's share 1. (With ``compute.workers`` segments on
-one GPU, ``t`` would be a quarter share's time taken for a whole GPU's: on an H100 the plan
-then counted the sharing twice and forecast twice the measured JCT, docs/gpu.md.)
+Small jobs run through the real machinery (Prefect, MLflow, Optuna, the job's pool), each as
+``elastune run`` in a fresh process, so that each pays the cold start a real run pays (imports, the
+first model and data, the first dispatch): the job cut down to one SHA rung of ``r`` resource units,
+``n x slots`` trials of the random sampler (``n`` waves of segments, every slot busy, torch's
+threads shared as in a run), not planned, its stores in a throwaway folder. The slots are the plan's
+(:func:`elastune.planners.cost.pricing.this_machine.local_slots`): the CUDA devices of a local job's
+machine, else ``compute.workers``; one segment per slot, so that ``t`` is a whole slot's, the
+profile's share 1. (With ``compute.workers`` segments on one GPU, ``t`` would be a quarter share's
+time taken for a whole GPU's: on an H100 the plan then counted the sharing twice and forecast twice
+the measured JCT, docs/gpu.md.)
 
 Their wall seconds follow ``W(n, r) = F + n * (o + c + r * t)``, where ``F`` is what the job
 spends outside its segments (runs and study created, best model registered: the profile's
@@ -70,7 +70,7 @@ import yaml
 
 from elastune.flows.ephemeral import watchdog
 from elastune.flows.pools import pool_of
-from elastune.planners.cost.local import local_slots
+from elastune.planners.cost.pricing.this_machine import local_slots
 from elastune.planners.spec import JobSpec, SpecError
 
 REPEATS = 3  # runs of each calibration job: a median, and a job's run-to-run spread
@@ -201,7 +201,7 @@ def solve(walls: dict[Run, list[float]], level: float, fallback_t: float) -> dic
     fixed, relative = spread(walls, max(0.0, job))
     # A new segment's overhead, o + c, comes from the waves of new trials alone; the split
     # between o and c from the resumed job's few waves is noisier. Where noise puts either
-    # below 0, the split moves and their sum stays (docs/benchmarks.md: run P).
+    # below 0, the split moves and their sum stays.
     first = max(0.0, overhead + trial)  # what a trial's first segment spends outside units
     overhead = min(max(0.0, overhead), first)
     solved: dict[str, Any] = {

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from elastune.flows import api
-from elastune.flows.collector import exit_uncollected
+from elastune.flows.gc_freeze import exit_uncollected
 from elastune.infra.sizing import InfraError
 from elastune.planners.spec import JobSpec, SpecError, load_job
 
@@ -141,7 +141,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     catalog = read_catalog(args.catalog) if args.catalog else None
     report = api.plan_report(spec, args.planner, catalog)
     if args.gantt:
-        from elastune.planners.cost.gantt import draw_gantt
+        from elastune.planners.cost.reports.gantt import draw_gantt
 
         draw_gantt(report, args.gantt)
     _emit(report.to_dict(), args.json, lambda _: _print_plan(report))
@@ -251,7 +251,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def _measure(spec: JobSpec, args: argparse.Namespace) -> dict[str, Any]:
     """Units timed in this process, then calibrated by small real runs (unless
     ``--no-calibrate``)."""
-    from elastune.tasks.profile import measure
+    from elastune.tasks.measure import measure
 
     result = measure(spec, units=args.units, shares=args.shares)
     if not args.no_calibrate:

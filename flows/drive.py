@@ -22,14 +22,14 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from elastune.flows.forecast import HeldForecast
+from elastune.flows.forecast import ForecastCheck
 from elastune.flows.job import Job
+from elastune.flows.job_log import JobLog
 from elastune.flows.launch import Launcher
 from elastune.flows.pools import PoolSizer, PoolTarget
 from elastune.flows.progress import JobProgress
-from elastune.flows.replan import InFlight
+from elastune.flows.replanning import InFlight
 from elastune.flows.results import finish, leaderboard
-from elastune.flows.story import Story
 from elastune.infra.sizing import RELEASE_STAGE, publish_sizing
 from elastune.planners.search.schedulers.base import Segment
 from elastune.planners.spec import SpecError
@@ -47,44 +47,44 @@ def drive(job: Job, pool: PoolTarget) -> dict[str, Any]:
     spec, execution = job.spec, job.execution
     print(execution.mode, file=sys.stderr, flush=True)
     report = execution.report
-    held = None if report is None else HeldForecast(report.forecast())
+    check = None if report is None else ForecastCheck(report.forecast())
     flight = InFlight.of(job)
-    publish_plan(job, held, flight=flight)
-    story = Story(job)
+    publish_plan(job, check, flight=flight)
+    job_log = JobLog(job)
     pending = recover(job)
-    story.begin(len(pending))
+    job_log.begin(len(pending))
     launcher = Launcher(job.ref, pool)
     sizer = PoolSizer(pool.backend, execution, spec.scheduler.name)
     with launcher.signals:  # a stop waits for the store writes under way (flows/signals.py)
         try:
             total = None if execution.plan is None else execution.plan.segments
             with pool.backend, JobProgress(spec.metric, total) as progress:
-                run_segments(job, launcher, sizer, pending, progress, story, held, flight)
+                run_segments(job, launcher, sizer, pending, progress, job_log, check, flight)
             launcher.close()  # what the workers hold (memory, a GPU) is free for the end
-            summary = finish(job, story, held)
+            summary = finish(job, job_log, check)
             if summary.get("deadline", {}).get("passed"):  # where the deadline left each trial
                 publish_leaderboard(job, "the deadline")
             if flight is not None:
                 summary["replanning"] = flight.to_dict()
-            publish_plan(job, held, summary["wall_seconds"], flight)
-            story.end(summary)
+            publish_plan(job, check, summary["wall_seconds"], flight)
+            job_log.end(summary)
             return summary
         except BaseException as exc:
-            story.failed(exc)
+            job_log.failed(exc)
             launcher.wait_all()
             job.abort(bad_input=isinstance(exc, SpecError))
             raise
         finally:
             launcher.close()
             sizing = pool.backend.records
-            story.sized([r for r in sizing if r.stage == RELEASE_STAGE])
+            job_log.sized([r for r in sizing if r.stage == RELEASE_STAGE])
             if sizing:  # a pool that was sized: this machine never is
                 publish_sizing(sizing, key=artifact_key(job.job_id, "pool-sizing"))
 
 
 def publish_plan(
     job: Job,
-    held: HeldForecast | None,
+    check: ForecastCheck | None,
     wall_seconds: float | None = None,
     flight: InFlight | None = None,
 ) -> None:
@@ -93,12 +93,14 @@ def publish_plan(
     replans = "" if flight is None else flight.to_markdown()
     create_markdown_artifact(
         key=artifact_key(job.job_id, "plan"),
-        markdown=describe(job, held, wall_seconds) + (f"\n\n{replans}" if replans else ""),
+        markdown=describe(job, check, wall_seconds) + (f"\n\n{replans}" if replans else ""),
         description=f"plan of {job.job_id}",
     )
 
 
-def describe(job: Job, held: HeldForecast | None = None, wall_seconds: float | None = None) -> str:
+def describe(
+    job: Job, check: ForecastCheck | None = None, wall_seconds: float | None = None
+) -> str:
     """The plan artifact: the mode, and the staged DAG or the rung ladder of an
     asynchronous scheduler; for a planned job, its forecast next to what the run has
     measured so far."""
@@ -114,8 +116,8 @@ def describe(job: Job, held: HeldForecast | None = None, wall_seconds: float | N
         )
     totals = f"{plan.trials} trials, {plan.segments} segments, {workers} workers."
     text = f"{title}{plan.to_markdown()}\n\n{totals}"
-    if held is not None:
-        text += "\n\n## Forecast and measurement\n\n" + held.to_markdown(wall_seconds)
+    if check is not None:
+        text += "\n\n## Forecast and measurement\n\n" + check.to_markdown(wall_seconds)
     return text
 
 
@@ -140,21 +142,21 @@ def run_segments(
     sizer: PoolSizer,
     pending: list[Segment],
     progress: JobProgress,
-    story: Story,
-    held: HeldForecast | None = None,
+    job_log: JobLog,
+    check: ForecastCheck | None = None,
     flight: InFlight | None = None,
 ) -> None:
     """Start what the admission policy lets start, record what finishes; until nothing
     runs and the scheduler hands out nothing more, or nothing runs past the deadline. A
-    planned job's ``held`` forecast notes each stage's end, and the plan artifact shows it."""
+    planned job's ``check`` forecast notes each stage's end, and the plan artifact shows it."""
     while True:
         if job.past_deadline():
-            story.deadline_passed()  # told once
+            job_log.deadline_passed()  # told once
             starting = []
         else:
             starting = admit(job, pending, launcher.running)
-        story.sized(sizer.size(starting))
-        story.starting(starting)
+        job_log.sized(sizer.size(starting))
+        job_log.starting(starting)
         for segment in starting:
             start(job, launcher, segment)
         if flight is not None:
@@ -165,20 +167,20 @@ def run_segments(
         segment, report = launcher.next_report()
         if report.cut and report.error is None:  # stopped short: nothing more to learn
             job.cut(segment, report)
-            story.cut(segment, report.result.resource)
+            job_log.cut(segment, report.result.resource)
             continue
         decisions = job.record(segment, report)
-        story.decided(decisions)
+        job_log.decided(decisions)
         # Past the deadline nothing starts again: there is nothing left to re-plan.
         if flight is not None and not job.past_deadline():
-            replan = flight.finished(segment, report, story)
+            replan = flight.finished(segment, report, job_log)
             if replan is not None:
-                publish_plan(job, held, flight=flight)
+                publish_plan(job, check, flight=flight)
                 if replan.changed:  # the pool follows the new plan
                     sizer.replanned(job.execution)
         progress.update(stage_label(segment), job.best_metric())
         if job.stage_done(segment, decisions):
-            stage_done(job, segment, story, sizer, held, flight)
+            stage_done(job, segment, job_log, sizer, check, flight)
 
 
 def stage_label(segment: Segment) -> str:
@@ -189,18 +191,18 @@ def stage_label(segment: Segment) -> str:
 def stage_done(
     job: Job,
     segment: Segment,
-    story: Story,
+    job_log: JobLog,
     sizer: PoolSizer,
-    held: HeldForecast | None,
+    check: ForecastCheck | None,
     flight: InFlight | None,
 ) -> None:
     """``segment``'s stage ended: told, the pool sized down, a planned job's forecast and
     the leaderboard published."""
-    story.stage_done(segment)
+    job_log.stage_done(segment)
     sizer.stage_done(segment)
-    if held is not None:
-        held.stage_done(segment.bracket, segment.rung, time.monotonic() - job.began)
-        publish_plan(job, held, flight=flight)
+    if check is not None:
+        check.stage_done(segment.bracket, segment.rung, time.monotonic() - job.began)
+        publish_plan(job, check, flight=flight)
     publish_leaderboard(job, stage_label(segment))
 
 

@@ -86,7 +86,7 @@ WATCHDOG = (
 # optimizer imports when it is made. Left to the job, the compiler's 0.8-1.9 s landed in
 # its first segment or not, by that race: a calibration job's wall moved by that much from
 # one run to the next (docs/benchmarks.md, "A race in the start"), and it imported with
-# the collector on (flows/collector.py).
+# the collector on (flows/gc_freeze.py).
 WARM = ("mlflow.store.tracking.sqlalchemy_store", "torch._dynamo")
 
 # The API address of the server this process started and answered, once it has.

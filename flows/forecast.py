@@ -13,11 +13,11 @@ Example:
     >>> forecast = {"jct_s": {"p50": 10.0, "p95": 12.0}, "cost_usd": {"p50": 0.0, "p95": 0.0},
     ...     "stages": {"b0-r0": {"end_s": {"p50": 10.0, "p95": 12.0}, "cost_usd": 0.0,
     ...                          "usd_per_s": 0.001}}}
-    >>> held = HeldForecast(forecast)
-    >>> held.stage_done(0, 0, 40.0)
-    >>> held.measured(41.0)["stages"]["b0-r0"]
+    >>> check = ForecastCheck(forecast)
+    >>> check.stage_done(0, 0, 40.0)
+    >>> check.measured(41.0)["stages"]["b0-r0"]
     {'end_s': 40.0, 'seconds': 40.0, 'cost_usd': 0.04}
-    >>> held.contradictions()
+    >>> check.contradictions()
     [{'stage': 'b0-r0', 'forecast_s': 10.0, 'measured_s': 40.0, 'ratio': 4.0}]
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 CONTRADICTS = 3.0  # measured over forecast stage time, either way, that contradicts the profile
 
 
-class HeldForecast:
+class ForecastCheck:
     """A planned run's forecast and the stage ends it has measured so far."""
 
     def __init__(self, forecast: dict[str, Any]):

@@ -1,5 +1,5 @@
 """A job as its driver holds it: the prepared job, its Optuna study and scheduler loop, its
-MLflow runs (:class:`elastune.flows.runs.TrialRuns`) and the tally of what it has done.
+MLflow runs (:class:`elastune.flows.trial_runs.TrialRuns`) and the tally of what it has done.
 
 Every segment is journaled in the study when it is handed out, and every result as it
 arrives; the study also holds the spec and the parent run. So :meth:`Job.resume` rebuilds
@@ -17,9 +17,9 @@ from typing import Any
 import optuna
 
 from elastune.flows.prepare import PreparedJob
-from elastune.flows.runs import TrialRuns
-from elastune.flows.stored import FINISHED_ATTR, RUN_ATTR, SPEC_ATTR, StoredJob
-from elastune.planners.execution import ExecutionPlan
+from elastune.flows.stored_job import FINISHED_ATTR, RUN_ATTR, SPEC_ATTR, StoredJob
+from elastune.flows.trial_runs import TrialRuns
+from elastune.planners.execution import Execution
 from elastune.planners.search import StudyJournal, TuningLoop
 from elastune.planners.search.schedulers.base import Action, Decision, Segment
 from elastune.planners.spec import JobSpec, SpecError, make_sampler
@@ -80,7 +80,7 @@ class Job:
         return self.prepared.spec
 
     @property
-    def execution(self) -> ExecutionPlan:
+    def execution(self) -> Execution:
         return self.prepared.execution
 
     @classmethod

@@ -1,5 +1,5 @@
 """A job's segments in flight: each a Prefect task run, training in a worker process of
-the driver's (the local pool, tasks/workers.py) or on a work pool's workers
+the driver's (the local pool, tasks/worker_processes.py) or on a work pool's workers
 (flows/pools.py, flows/warm_pool.py), and collected in the order they finish (each
 future's done callback queues it). Waiting for the next one is where the driver takes
 SIGTERM and SIGINT (flows/signals.py).
@@ -18,7 +18,7 @@ from typing import Any
 
 from elastune.flows.pools import Launched, PoolTarget
 from elastune.flows.segment import WorkerLost
-from elastune.flows.signals import HeldSignals
+from elastune.flows.signals import DeferredSignals
 from elastune.planners.search.schedulers.base import Segment
 from elastune.planners.spec import SpecError
 from elastune.tasks.contract import JobRef, SegmentReport
@@ -38,7 +38,7 @@ class Launcher:
         self._flight: dict[Launched, Segment] = {}
         self._done: queue.SimpleQueue[Launched] = queue.SimpleQueue()
         # Held in the driver's ``with launcher.signals:`` block, delivered in next_report.
-        self.signals = HeldSignals()
+        self.signals = DeferredSignals()
 
     @property
     def running(self) -> list[Segment]:

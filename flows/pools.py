@@ -3,7 +3,7 @@
 
 ``compute.pool`` names one (:func:`pool_of`): ``local``, this machine
 (:class:`LocalPool`: each segment a task run of the driver's, training in one of its
-worker processes, ``tasks/workers.py``), or a Prefect work pool, whose type picks how
+worker processes, ``tasks/worker_processes.py``), or a Prefect work pool, whose type picks how
 (docs/prefect-server.md, "A job in work-pool mode"): on a warm pool (type
 ``elastune-warm``, :class:`~elastune.flows.warm_pool.WarmPool`) each segment is a
 background task run sent to the warm worker of the node it is placed on; on a process or
@@ -43,11 +43,11 @@ from elastune.flows.segment import (
 )
 from elastune.flows.warm_pool import open_warm_pool
 from elastune.infra.backends import make_backend
-from elastune.infra.pools import read_pool, wait_for_worker
+from elastune.infra.prefect_pools import read_pool, wait_for_worker
 from elastune.infra.sizing import Demand, InfraError, PoolBackend, SizingRecord
 from elastune.infra.template import gpu_job_variables
 from elastune.infra.warm_nodes import WARM_TYPE
-from elastune.planners.execution import ExecutionPlan
+from elastune.planners.execution import Execution
 from elastune.planners.search.schedulers.base import Segment
 from elastune.planners.spec import LOCAL_POOL, JobSpec, SpecError
 from elastune.planners.staging import Stage
@@ -56,7 +56,7 @@ from elastune.tasks.contract import JobRef, SegmentReport, report_name
 from elastune.tasks.gpus import cuda_devices
 from elastune.tasks.tracking import Tracker
 from elastune.tasks.train import train_segment
-from elastune.tasks.workers import LocalWorkers, fork_server_here
+from elastune.tasks.worker_processes import WorkerProcesses, fork_server_here
 
 # Seconds to wait for a worker polling the pool (or a node with room) before giving up.
 WORKER_TIMEOUT = float(os.environ.get("ELASTUNE_WORKER_TIMEOUT", "30"))
@@ -112,7 +112,7 @@ class LocalPool(PoolTarget):
         self.devices = cuda_devices()
         self.backend = PoolBackend("none", [])  # nothing to size: the machine is there
         self._threads = max(1, torch.get_num_threads() // workers)
-        self._workers: LocalWorkers | None = None  # started by the first segment
+        self._workers: WorkerProcesses | None = None  # started by the first segment
         self._assigned = None if self.devices is None else LocalDevices(self.devices)
         self._lock = threading.Lock()  # the devices, taken and freed from several threads
 
@@ -121,7 +121,7 @@ class LocalPool(PoolTarget):
 
     def fork_here(self) -> None:
         """Make this process, its imports done (the trainable's among them), the server its
-        workers fork from, so that none imports anything again (tasks/workers.py)."""
+        workers fork from, so that none imports anything again (tasks/worker_processes.py)."""
         fork_server_here()
 
     def submit(
@@ -136,7 +136,7 @@ class LocalPool(PoolTarget):
         # The segment's own limit (job.segment_timeout) ends it in its worker process.
         with self._lock:
             if self._workers is None:
-                self._workers = LocalWorkers(self._threads)
+                self._workers = WorkerProcesses(self._threads)
             ids = None
             if self._assigned is not None:
                 ids = self._assigned.take(segment.trial, segment.gpus)
@@ -273,7 +273,7 @@ class PoolSizer:
         scheduler: The scheduler's name, the sizing action's name for an asynchronous job.
     """
 
-    def __init__(self, backend: PoolBackend, execution: ExecutionPlan, scheduler: str):
+    def __init__(self, backend: PoolBackend, execution: Execution, scheduler: str):
         self.backend = backend
         self.execution = execution
         self.scheduler = scheduler
@@ -318,7 +318,7 @@ class PoolSizer:
         """The stage of ``segment`` has all its results: it no longer holds the pool."""
         self._active.discard((segment.bracket, segment.rung))
 
-    def replanned(self, execution: ExecutionPlan) -> None:
+    def replanned(self, execution: Execution) -> None:
         """The job was re-planned in flight: from its next sizing on, the pool holds what
         ``execution`` demands, for the stages running too."""
         self.execution = execution

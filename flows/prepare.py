@@ -2,7 +2,7 @@
 its stores checked, the pool its segments go to, and its execution plan.
 
 What its trainable can do, with the pool's CUDA devices, decides the execution plan
-(:func:`elastune.planners.execution.execution_plan`): the staged plan, the admission policy
+(:func:`elastune.planners.execution.resolve_execution`): the staged plan, the admission policy
 and the mode. ``elastune run``, ``elastune.run(...)`` and a deployment's ``tune`` flow run
 each prepare the job once and hand the prepared job to the same driver
 (:func:`elastune.flows.tune.run_job`); ``elastune plan`` prepares the job it priced to say
@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, InstanceOf, SkipValidation, model_se
 
 from elastune.flows.pools import LocalPool, WorkPool, pool_of
 from elastune.planners.cost import Catalog, PlanReport
-from elastune.planners.execution import ExecutionPlan, execution_plan
+from elastune.planners.execution import Execution, resolve_execution
 from elastune.planners.spec import JobSpec
 from elastune.tasks.stores import check_storage
 from elastune.tasks.tracking import check_tracking_uri
@@ -42,7 +42,7 @@ class PreparedJob(BaseModel):
     spec: JobSpec
     trainable: SkipValidation[Trainable]
     pool: InstanceOf[LocalPool] | InstanceOf[WorkPool]
-    execution: InstanceOf[ExecutionPlan]
+    execution: InstanceOf[Execution]
 
     @classmethod
     def of(
@@ -53,9 +53,9 @@ class PreparedJob(BaseModel):
         report: PlanReport | None = None,
     ) -> PreparedJob:
         """``spec`` with its imported ``trainable``, planned (``catalog`` and ``report`` as
-        :func:`execution_plan` takes them); bad input raises SpecError naming the field."""
+        :func:`resolve_execution` takes them); bad input raises SpecError naming the field."""
         pool = pool_of(spec)
-        execution = execution_plan(
+        execution = resolve_execution(
             spec,
             distributed=supports_distributed(trainable),
             devices=pool.devices,

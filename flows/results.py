@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from prefect import get_run_logger
 
-from elastune.flows.forecast import CONTRADICTS, HeldForecast
+from elastune.flows.forecast import CONTRADICTS, ForecastCheck
 from elastune.flows.job import Job
-from elastune.flows.story import Story, readable
+from elastune.flows.job_log import JobLog, readable
 from elastune.planners.search import Best
 from elastune.planners.search.schedulers.base import Action, rank_key
 from elastune.tasks.context import TrialContext
@@ -45,14 +45,14 @@ def leaderboard(job: Job) -> list[dict[str, Any]]:
     return rows
 
 
-def finish(job: Job, story: Story, held: HeldForecast | None = None) -> dict[str, Any]:
+def finish(job: Job, job_log: JobLog, check: ForecastCheck | None = None) -> dict[str, Any]:
     """End the job: the last decisions tracked and told, the best trial marked and its
     model registered, a planned job's forecast and measurement logged, the parent run
     ended. Returns the job's summary."""
     last = job.loop.finish()
     for decision in last:
         job.runs.track(decision, job.tally.errors.get(decision.trial))
-    story.decided(last, ended=True)
+    job_log.decided(last, ended=True)
     best = job.loop.best()
     tracker, parent = job.runs.tracker, job.runs.parent
     model = None
@@ -64,7 +64,7 @@ def finish(job: Job, story: Story, held: HeldForecast | None = None) -> dict[str
         tracker.set_tags(parent, {"elastune.registered": model["version"]})
     now = time.monotonic()
     wall_seconds = round(now - job.began, 3)
-    held_out = {} if held is None else hold(job, held, wall_seconds)
+    checked = {} if check is None else check_forecast(job, check, wall_seconds)
     tracker.end_run(parent)
     summary = {
         "job_id": job.job_id,
@@ -80,7 +80,7 @@ def finish(job: Job, story: Story, held: HeldForecast | None = None) -> dict[str
         "optuna_storage": job.storage,
         "model": model,
         "mode": job.execution.mode.to_dict(),
-        **held_out,
+        **checked,
     }
     if job.spec.budget.deadline is not None:  # passed: it stopped the job (flows/drive.py)
         summary["deadline"] = {
@@ -95,12 +95,12 @@ def finish(job: Job, story: Story, held: HeldForecast | None = None) -> dict[str
     return summary
 
 
-def hold(job: Job, held: HeldForecast, wall_seconds: float) -> dict[str, Any]:
+def check_forecast(job: Job, check: ForecastCheck, wall_seconds: float) -> dict[str, Any]:
     """Log the forecast and the measurement side by side in the parent run (metrics
     ``forecast_*`` and ``measured_*``, tag ``elastune.forecast``), warn of stages that
     contradict the profile; returns the summary's ``forecast`` and ``measured`` objects."""
-    forecast, measured = held.forecast, held.measured(wall_seconds)
-    contradictions = held.contradictions()
+    forecast, measured = check.forecast, check.measured(wall_seconds)
+    contradictions = check.contradictions()
     if contradictions:
         measured["contradicts_profile"] = contradictions
         get_run_logger().warning(
@@ -111,7 +111,7 @@ def hold(job: Job, held: HeldForecast, wall_seconds: float) -> dict[str, Any]:
     metrics |= {"measured_jct_s": wall_seconds, "measured_cost_usd": measured["cost_usd"]}
     tracker, parent = job.runs.tracker, job.runs.parent
     tracker.log_metrics(parent, metrics, 0)
-    tracker.set_tags(parent, {"elastune.forecast": held.verdict(wall_seconds)})
+    tracker.set_tags(parent, {"elastune.forecast": check.verdict(wall_seconds)})
     return {"forecast": forecast, "measured": measured}
 
 

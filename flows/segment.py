@@ -45,7 +45,7 @@ from prefect.context import AsyncClientContext, SyncClientContext
 from prefect.task_worker import StopTaskWorker, TaskWorker
 from prefect.tasks import Task
 
-from elastune.flows.collector import exit_uncollected
+from elastune.flows.gc_freeze import exit_uncollected
 from elastune.infra.warm_nodes import HEARTBEAT_SECONDS, Node
 from elastune.planners.search import Segment
 from elastune.planners.staging.devices import LocalDevices

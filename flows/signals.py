@@ -8,10 +8,10 @@ SQLite lock with a connection nobody would release: the segments' metric writes 
 job's own abort each waited out MLflow's 20 s busy timeout, and a run stopped with SIGTERM
 took 41 s to end, with an error, instead of one second.
 
-:class:`HeldSignals` holds the two signals while the driver works and hands them to the
-handlers that were installed where it waits (:meth:`HeldSignals.delivered`), which is where
+:class:`DeferredSignals` holds the two signals while the driver works and hands them to the
+handlers that were installed where it waits (:meth:`DeferredSignals.delivered`), which is where
 it spends nearly all of its time, so a stop is as quick as before. A second signal while
-one is held is delivered at once: a driver stuck outside its wait still ends. Prefect's
+one deferred is delivered at once: a driver stuck outside its wait still ends. Prefect's
 handler is the installed one while the driver waits, so a cancellation from Prefect's UI
 that arrives then is acknowledged as before (one that arrives during a write ends the run
 as crashed, as a cancellation Prefect cannot acknowledge does).
@@ -29,15 +29,15 @@ from typing import Any
 HELD = (signal.SIGTERM, signal.SIGINT)
 
 
-class HeldSignals:
+class DeferredSignals:
     """Hold SIGTERM and SIGINT in this block, except in its :meth:`delivered` blocks; a
-    signal held when the block ends is delivered then. Outside the main thread, where
+    signal deferred when the block ends is delivered then. Outside the main thread, where
     Python runs no signal handler, it does nothing.
 
     Example:
         .. code-block:: python
 
-            with HeldSignals() as signals:
+            with DeferredSignals() as signals:
                 write_to_the_stores()  # a SIGTERM waits until ...
                 with signals.delivered():
                     wait_for_the_next_segment()  # ... here, or the block's end
@@ -48,7 +48,7 @@ class HeldSignals:
         self.handlers: dict[int, Any] = {}
         self.caught: list[int] = []
 
-    def __enter__(self) -> HeldSignals:
+    def __enter__(self) -> DeferredSignals:
         self.hold()
         return self
 
@@ -62,7 +62,7 @@ class HeldSignals:
 
     @contextlib.contextmanager
     def delivered(self) -> Iterator[None]:
-        """The installed handlers run in this block, first for a signal held before it."""
+        """The installed handlers run in this block, first for a signal deferred before it."""
         self.release()
         try:
             yield
@@ -74,7 +74,7 @@ class HeldSignals:
             self.handlers = {sig: signal.signal(sig, self._caught) for sig in HELD}
 
     def release(self) -> None:
-        """Put the installed handlers back and deliver a held signal to them."""
+        """Put the installed handlers back and deliver a deferred signal to them."""
         if not self.active or not self.handlers:
             return
         for sig, handler in self.handlers.items():

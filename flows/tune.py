@@ -31,7 +31,7 @@ from elastune.flows.drive import drive
 from elastune.flows.job import Job, new_job_id
 from elastune.flows.pools import PoolSizer, PoolTarget
 from elastune.flows.prepare import PreparedJob, prepare
-from elastune.flows.stored import stored_job
+from elastune.flows.stored_job import stored_job
 from elastune.infra.sizing import InfraError
 from elastune.planners.spec import MAX_WORKERS, SpecError, load_job
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from elastune.infra.pools import WorkPoolLimit
+from elastune.infra.prefect_pools import WorkPoolLimit
 from elastune.infra.sizing import PoolBackend
 from elastune.infra.warm_nodes import WARM_TYPE
 

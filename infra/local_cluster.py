@@ -35,7 +35,7 @@ from prefect.exceptions import ObjectAlreadyExists
 from prefect.filesystems import LocalFileSystem
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from elastune.infra.pools import read_pool
+from elastune.infra.prefect_pools import read_pool
 from elastune.infra.server import die_with_parent, isolated_env, running_server, stop_group
 from elastune.infra.warm_nodes import WARM_TYPE
 

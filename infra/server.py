@@ -5,7 +5,7 @@ its SQLite writes immediate) on a free port with its own ``PREFECT_HOME`` and wa
 ``/api/health``; ``running_worker`` starts ``python -m prefect worker start --type process``
 that polls every second. Both run in their own process group, which is stopped at exit
 whatever happens, so no process outlives the block. The pytest fixture that shares one
-server across a test session is in ``tests/prefect_server.py``.
+server across a test session is in ``tests/helpers/prefect_server.py``.
 """
 
 from __future__ import annotations

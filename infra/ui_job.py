@@ -45,7 +45,7 @@ JOB_FILE = "examples/digits.yaml"
 EXPERIMENT, METRIC = "digits-cnn", "val_accuracy"  # the job file's name and metric
 JOB_TIMEOUT = 600.0
 MLFLOW_START_TIMEOUT = 120.0
-# The flow run's story is INFO (flows/story.py); a worker's default, said out loud since
+# The flow run's story is INFO (flows/job_log.py); a worker's default, said out loud since
 # the isolated environment of infra/server.py quiets Prefect to warnings.
 STORY_LOGGING = {"PREFECT_LOGGING_LOGGERS_PREFECT_FLOW_RUNS_LEVEL": "INFO"}
 

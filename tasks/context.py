@@ -68,8 +68,8 @@ import numpy as np
 import torch
 from prefect._internal.concurrency.cancellation import shield
 
+from elastune.tasks.checkpoint_spool import Spool
 from elastune.tasks.distributed import GlobalBatches, unwrap, wrap
-from elastune.tasks.spool import Spool
 from elastune.tasks.tracking import Tracker
 
 # Reported metrics reach MLflow in one write per checkpoint (or per segment), and at the

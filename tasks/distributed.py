@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from elastune.tasks.workers import exit_reason
+from elastune.tasks.worker_processes import exit_reason
 
 BACKENDS = ("gloo", "nccl")
 

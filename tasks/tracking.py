@@ -33,7 +33,7 @@ from mlflow.utils.uri import (
 
 from elastune.planners.spec import SpecError
 from elastune.planners.spec.cache import copy_of_empty
-from elastune.tasks.spool import checkpoint_name, checkpoint_resource
+from elastune.tasks.checkpoint_spool import checkpoint_name, checkpoint_resource
 from elastune.tasks.stores import check_database, first_use, local_uri, sqlite_path
 
 CHECKPOINTS = "checkpoints"

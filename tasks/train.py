@@ -8,8 +8,8 @@ on
   this (``train.distributed = True``, see :func:`elastune.tasks.trainable.supports_distributed`) is
   run so.
 * ``g = 1``: the trainable runs in one process, on ``cuda`` when there is one: a worker
-  process of the local pool (:mod:`elastune.tasks.workers`, which runs every local segment), or the
-  process of a work pool's node.
+  process of the local pool (:mod:`elastune.tasks.worker_processes`, which runs every local
+  segment), or the process of a work pool's node.
 * ``g < 1``: the segment shares its device with other segments. On NVIDIA GPUs, segments
   in separate processes (the local pool's workers, a process or ECS pool) run concurrently
   only under MPS, which elastune detects (:func:`mps_running`) but does not start: run
@@ -43,14 +43,14 @@ from elastune.planners.search.schedulers.base import Result, Segment
 from elastune.planners.spec import SpecError
 from elastune.planners.staging.devices import LocalDevices
 from elastune.planners.staging.widths import FALLBACK_HINT, width_problem
+from elastune.tasks.checkpoint_spool import Spool
 from elastune.tasks.context import TrialContext
 from elastune.tasks.contract import JobRef, SegmentReport, report_name, timeout_reason
 from elastune.tasks.distributed import DistContext, DistributedError, run_distributed
 from elastune.tasks.gpus import cuda_devices, mps_running
-from elastune.tasks.spool import Spool
 from elastune.tasks.tracking import Tracker, shared_tracker
 from elastune.tasks.trainable import Trainable, TrainableError, load_trainable, supports_distributed
-from elastune.tasks.workers import LocalWorkers, WorkerDied
+from elastune.tasks.worker_processes import WorkerDied, WorkerProcesses
 
 
 class SegmentTimeout(TimeoutError):
@@ -63,7 +63,7 @@ class SegmentTimeout(TimeoutError):
     cache_policy=NO_CACHE,  # training must never be skipped by a cache hit
 )
 def train_segment(
-    workers: LocalWorkers,
+    workers: WorkerProcesses,
     job: JobRef,
     segment: Segment,
     config: dict[str, Any],
@@ -72,7 +72,7 @@ def train_segment(
 ) -> SegmentReport:
     """A segment of the local pool, run by one of ``workers`` (wider than 1, on ranks that
     worker starts). Local segments keep their checkpoints on this machine until they end
-    (tasks/spool.py)."""
+    (tasks/checkpoint_spool.py)."""
     # The segment's own time limit ends it in the worker (run_segment); this one ends a
     # worker stuck past it.
     limit = job.segment_timeout
@@ -120,8 +120,8 @@ def run_segment(
         gpu_ids: The GPUs the executor (a packer's assignment) gave this segment, one per
             data-parallel process; default ``0 .. g-1``. Ignored without CUDA.
         spool: Keep a single-process segment's checkpoints on this machine and hand the
-            newest to MLflow when it ends (:class:`elastune.tasks.spool.Spool`): for segments whose
-            retry runs on this machine too (the local pool).
+            newest to MLflow when it ends (:class:`elastune.tasks.checkpoint_spool.Spool`): for
+            segments whose retry runs on this machine too (the local pool).
     """
     tracker = shared_tracker(job.mlflow_uri, job.experiment)
     began = time.perf_counter()

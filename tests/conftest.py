@@ -31,16 +31,17 @@ atexit.register(shutil.rmtree, os.environ["ELASTUNE_CACHE"], ignore_errors=True)
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# One real `prefect server` for the whole session, shared by every module that asks for it.
-from tests.prefect_server import prefect_api  # noqa: E402, F401
+# One real `prefect server` for the whole session, shared by every module that asks for it;
+# AWS under moto for the modules that ask for it.
+pytest_plugins = ["tests.helpers.prefect_server", "tests.helpers.aws"]
 
 
 @pytest.fixture(scope="session", autouse=True)
 def fork_server() -> None:
-    """Local jobs' workers fork from a fork server (tasks/workers.py), which this process
+    """Local jobs' workers fork from a fork server (tasks/worker_processes.py), which this process
     starts once, importing torch and elastune: started here, its seconds never fall inside a
     test's job (a short deadline would pass in them)."""
-    from elastune.tasks.workers import warm_fork_server
+    from elastune.tasks.worker_processes import warm_fork_server
 
     warm_fork_server()
 

@@ -2,40 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
 from elastune.flows.cli import main
 from elastune.planners.spec import SpecError, parse_job
+from tests.helpers.jobs import GOOD, assert_rejected, edit, edit_of
 
 # Every case leaves nothing new in MLflow or Optuna (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("unchanged_stores")
-
-GOOD = {
-    "name": "bad-input",
-    "trainable": "tests.trainables:quadratic",
-    "metric": "val_accuracy",
-    "mode": "max",
-    "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-    "sampler": {"name": "random", "seed": 0},
-    "scheduler": {"name": "sha", "eta": 3, "min_resource": 1, "max_resource": 3},
-}
-
-
-def edit(path: str, value: object) -> dict:
-    return edit_of(GOOD, path, value)
-
-
-def edit_of(original: dict, path: str, value: object) -> dict:
-    job = yaml.safe_load(yaml.safe_dump(original))
-    *parents, leaf = path.split(".")
-    node = job
-    for part in parents:
-        node = node[part]
-    node[leaf] = value
-    return job
 
 
 CASES = [
@@ -83,16 +58,6 @@ CASES = [
         "profile.calibration_cov",
     ),
 ]
-
-
-def assert_rejected(capsys: pytest.CaptureFixture[str], code: int, field: str, tmp: Path) -> None:
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1, err
-    assert field in err, err
-    assert "Traceback" not in err
-    # Nothing created: no MLflow database, no Optuna database.
-    assert not (tmp / "mlflow.db").exists() and not (tmp / "optuna.db").exists()
 
 
 @pytest.mark.parametrize(("why", "job", "field"), CASES, ids=[c[0] for c in CASES])

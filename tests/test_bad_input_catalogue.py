@@ -1,4 +1,4 @@
-"""More bad input (issue 7's catalogue): the price catalog, the profile, the flags of
+"""More bad input: the price catalog, the profile, the flags of
 ``plan``, ``simulate`` and ``resume``, and job-file fields that test_bad_input.py does not
 cover. Each case: exit code 2, one line on stderr naming the field or flag, no traceback,
 nothing created in MLflow or Optuna.
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from elastune.flows.cli import main
-from tests.test_bad_input import GOOD, assert_rejected, edit
+from tests.helpers.jobs import GOOD, assert_rejected, edit
 
 # A job the cost planner can plan: a deadline, a profile and one instance type.
 PLANNED = {

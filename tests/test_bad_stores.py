@@ -16,7 +16,7 @@ import yaml
 from elastune.flows.cli import main
 from elastune.planners.spec import SpecError
 from elastune.tasks.stores import check_sqlite_file, sqlite_tables
-from tests.test_bad_input import GOOD
+from tests.helpers.jobs import GOOD
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def test_a_journal_left_to_roll_back_is_no_bad_input(tmp_path) -> None:
     since resuming after such a kill is what ``resume`` is for."""
     import optuna
 
-    from elastune.flows.stored import stored_job
+    from elastune.flows.stored_job import stored_job
 
     storage = f"sqlite:///{tmp_path}/optuna.db"
     optuna.create_study(study_name="x", storage=storage)

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from elastune.planners.cost.billing import BillingRule
-from elastune.planners.cost.catalog import parse_catalog
-from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.montecarlo.simulate import PlanSimulator
+from elastune.planners.cost.pricing.allocation import AllocationPlan, GpuTier, StagePlan
+from elastune.planners.cost.pricing.billing import BillingRule
+from elastune.planners.cost.pricing.catalog import parse_catalog
 from elastune.planners.staging import Profile
 
 PER_SECOND = BillingRule(quantum_s=1, min_charge_s=60)

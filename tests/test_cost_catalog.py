@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from elastune.planners.cost.catalog import parse_catalog, read_catalog
+from elastune.planners.cost.pricing.catalog import parse_catalog, read_catalog
 from elastune.planners.spec import SpecError
 
 REQUIRED = {

@@ -1,4 +1,4 @@
-"""The profile a job learns from its own segments (planners/cost/estimate.py;
+"""The profile a job learns from its own segments (planners/cost/inflight/estimate.py;
 docs/algorithms.md §5.8): pure, in milliseconds."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from elastune.planners.cost.estimate import ProfileEstimate, Running, _above
+from elastune.planners.cost.inflight.estimate import ProfileEstimate, Running, _above
 from elastune.planners.staging import Profile
 
 PRIOR = Profile.from_scaling(720, speedup={2: 1.8, 4: 3.2}, segment_cv=0.05)

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from elastune.planners.cost import plan_job
-from elastune.planners.cost.catalog import parse_catalog
-from elastune.planners.cost.gantt import draw_gantt
+from elastune.planners.cost.pricing.catalog import parse_catalog
+from elastune.planners.cost.reports.gantt import draw_gantt
 from elastune.planners.spec import parse_job
 
 CATALOG = parse_catalog(

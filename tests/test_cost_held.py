@@ -1,4 +1,4 @@
-"""Trials running in flight when a job is re-planned (planners/cost/held.py, simulate.py,
+"""Trials running in flight when a job is re-planned (planners/cost/montecarlo/held.py, simulate.py,
 replan.py; docs/algorithms.md §5.8): they end where they run, and what is left is planned
 around them. Pure, in milliseconds."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from elastune.planners.cost.catalog import parse_catalog
-from elastune.planners.cost.held import Held, left_after
-from elastune.planners.cost.replan import Replanner, under_way
-from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.inflight.replanner import Replanner, under_way
+from elastune.planners.cost.montecarlo.held import Held, left_after
+from elastune.planners.cost.montecarlo.simulate import PlanSimulator
+from elastune.planners.cost.pricing.allocation import AllocationPlan, GpuTier, StagePlan
+from elastune.planners.cost.pricing.catalog import parse_catalog
 from elastune.planners.staging import Profile, Stage
 
 # No startup, no minimum charge: times and bills read off exactly.

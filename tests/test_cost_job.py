@@ -5,8 +5,8 @@ import json
 import pytest
 
 from elastune.planners.cost import InfeasibleError, plan_job
-from elastune.planners.cost.catalog import parse_catalog
-from elastune.planners.cost.recourse import first_options
+from elastune.planners.cost.inflight.recourse import first_options
+from elastune.planners.cost.pricing.catalog import parse_catalog
 from elastune.planners.spec import SpecError, parse_job
 from elastune.planners.staging import Profile
 
@@ -167,7 +167,7 @@ def test_the_first_stage_options_start_from_the_rubberband_plan_the_job_holds(
         seen.append((first_options(replanner, profile, own), first_options(replanner, profile)))
         return seen[-1][0]
 
-    monkeypatch.setattr("elastune.planners.cost.job.first_options", options)
+    monkeypatch.setattr("elastune.planners.cost.price_job.first_options", options)
     plan_job(job(budget={"deadline": "40m"}), catalog=CATALOG, replanned=True)
     assert len(seen) == 1
     held, planned_again = seen[0]
@@ -230,7 +230,7 @@ def test_a_first_stage_with_too_many_options_starts_as_rubberband_and_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     spec = job(budget={"deadline": "40m"})
-    monkeypatch.setattr("elastune.planners.cost.job.MAX_OPTIONS", 3)
+    monkeypatch.setattr("elastune.planners.cost.price_job.MAX_OPTIONS", 3)
     report = plan_job(spec, catalog=CATALOG, replanned=True)
     assert report.plan == plan_job(spec, catalog=CATALOG).plan
     chosen_for = report.to_dict()["first_stage"]["chosen_for"]

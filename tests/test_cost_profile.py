@@ -5,7 +5,7 @@ from fractions import Fraction
 
 import pytest
 
-from elastune.planners.cost.catalog import read_catalog
+from elastune.planners.cost.pricing.catalog import read_catalog
 from elastune.planners.spec import SpecError, parse_job
 from elastune.planners.spec.model import ProfileSpec
 from elastune.planners.staging import Profile, ProfileError, Timing

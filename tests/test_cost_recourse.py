@@ -1,4 +1,4 @@
-"""A first stage chosen for the re-planning to come (planners/cost/recourse.py;
+"""A first stage chosen for the re-planning to come (planners/cost/inflight/recourse.py;
 docs/algorithms.md §5.10): pure, in seconds."""
 
 from __future__ import annotations
@@ -6,11 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elastune.planners.cost.allocation import StagePlan
-from elastune.planners.cost.billing import BillingRule
-from elastune.planners.cost.catalog import Catalog, read_catalog
-from elastune.planners.cost.local import LOCAL, LocalType
-from elastune.planners.cost.recourse import (
+from elastune.planners.cost.inflight.recourse import (
     MIN_WAVE,
     _known,
     _scaled,
@@ -19,7 +15,17 @@ from elastune.planners.cost.recourse import (
     recourse_start,
     start_on,
 )
-from elastune.planners.cost.replan import Replanner, begun, first_wave, left_to_run, part
+from elastune.planners.cost.inflight.replanner import (
+    Replanner,
+    begun,
+    first_wave,
+    left_to_run,
+    part,
+)
+from elastune.planners.cost.pricing.allocation import StagePlan
+from elastune.planners.cost.pricing.billing import BillingRule
+from elastune.planners.cost.pricing.catalog import Catalog, read_catalog
+from elastune.planners.cost.pricing.this_machine import LOCAL, LocalType
 from elastune.planners.staging import Profile, Stage
 
 TYPES = ["g5.xlarge", "g5.12xlarge"]

@@ -1,15 +1,12 @@
-"""Re-planning in flight and spot with a deadline (planners/cost/replan.py, spot_deadline.py;
-docs/algorithms.md §5.8, §5.9): pure, in milliseconds."""
+"""Re-planning in flight and spot with a deadline (planners/cost/inflight/replanner.py,
+planners/cost/planning/spot.py; docs/algorithms.md §5.8, §5.9): pure, in milliseconds."""
 
 from __future__ import annotations
 
 import pytest
 
-from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from elastune.planners.cost.catalog import parse_catalog, read_catalog
-from elastune.planners.cost.estimate import ProfileEstimate
-from elastune.planners.cost.held import Held
-from elastune.planners.cost.replan import (
+from elastune.planners.cost.inflight.estimate import ProfileEstimate
+from elastune.planners.cost.inflight.replanner import (
     Reason,
     Replanner,
     begun,
@@ -17,8 +14,11 @@ from elastune.planners.cost.replan import (
     left_to_run,
     part,
 )
-from elastune.planners.cost.simulate import PlanSimulator
-from elastune.planners.cost.spot_deadline import SpotDeadline, plan_spot
+from elastune.planners.cost.montecarlo.held import Held
+from elastune.planners.cost.montecarlo.simulate import PlanSimulator
+from elastune.planners.cost.planning.spot import SpotDeadline, plan_spot
+from elastune.planners.cost.pricing.allocation import AllocationPlan, GpuTier, StagePlan
+from elastune.planners.cost.pricing.catalog import parse_catalog, read_catalog
 from elastune.planners.staging import Profile, Stage
 
 CATALOG = parse_catalog(

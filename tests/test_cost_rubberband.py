@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from elastune.planners.cost.catalog import parse_catalog
-from elastune.planners.cost.rubberband import RubberBand
-from elastune.planners.cost.simulate import PlanSimulator
-from elastune.planners.cost.sizing import build_stage, chains_of, split
+from elastune.planners.cost.montecarlo.simulate import PlanSimulator
+from elastune.planners.cost.planning.rubberband import RubberBand
+from elastune.planners.cost.pricing.catalog import parse_catalog
+from elastune.planners.cost.pricing.stage_shapes import build_stage, chains_of, split
 from elastune.planners.spec import SpecError, parse_job
 from elastune.planners.staging import Profile, Stage, compile_plan
 

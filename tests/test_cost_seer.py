@@ -2,9 +2,9 @@
 
 import pytest
 
-from elastune.planners.cost.catalog import parse_catalog
-from elastune.planners.cost.seer import Seer, solve, stage_gpus, survivors
-from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.montecarlo.simulate import PlanSimulator
+from elastune.planners.cost.planning.seer import Seer, solve, stage_gpus, survivors
+from elastune.planners.cost.pricing.catalog import parse_catalog
 from elastune.planners.staging import Profile
 
 SPEED = {1: 1.0, 2: 1.8, 4: 3.2, 8: 5.6}  # epochs per hour on g GPUs

@@ -5,11 +5,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from elastune.planners.cost.baselines import static_pool
-from elastune.planners.cost.catalog import parse_catalog
-from elastune.planners.cost.draws import Draws
-from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.montecarlo.draws import Draws
+from elastune.planners.cost.montecarlo.simulate import PlanSimulator
+from elastune.planners.cost.planning.baselines import static_pool
+from elastune.planners.cost.pricing.allocation import AllocationPlan, GpuTier, StagePlan
+from elastune.planners.cost.pricing.catalog import parse_catalog
 from elastune.planners.staging import Profile, nodes_needed
 
 # §5.6: 4-GPU nodes at $12.24/h, 3 min to become ready, billed from request; 12 min per

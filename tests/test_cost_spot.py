@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from elastune.planners.cost import plan_job
-from elastune.planners.cost.allocation import AllocationPlan, GpuTier, StagePlan
-from elastune.planners.cost.catalog import parse_catalog
-from elastune.planners.cost.gantt import draw_gantt
-from elastune.planners.cost.outcome import upper_quantile
-from elastune.planners.cost.rubberband import RubberBand
-from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.montecarlo.outcome import upper_quantile
+from elastune.planners.cost.montecarlo.simulate import PlanSimulator
+from elastune.planners.cost.planning.rubberband import RubberBand
+from elastune.planners.cost.pricing.allocation import AllocationPlan, GpuTier, StagePlan
+from elastune.planners.cost.pricing.catalog import parse_catalog
+from elastune.planners.cost.reports.gantt import draw_gantt
 from elastune.planners.spec import SpecError, parse_job
 from elastune.planners.staging import Profile, Stage, nodes_needed
 

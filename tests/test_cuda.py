@@ -24,7 +24,7 @@ from elastune.tasks.contract import JobRef
 from elastune.tasks.gpus import mps_running
 from elastune.tasks.tracking import Tracker
 from elastune.tasks.train import run_segment
-from tests.test_devices import overlaps, run_four_segments
+from tests.helpers.jobs import overlaps, run_four_segments
 
 pytestmark = [
     pytest.mark.cuda,

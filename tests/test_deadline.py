@@ -17,7 +17,7 @@ from elastune.flows.cli import _print_run, main
 from elastune.flows.drive import recover
 from elastune.flows.job import Job
 from elastune.flows.prepare import prepare
-from elastune.flows.stored import stored_job
+from elastune.flows.stored_job import stored_job
 from elastune.planners.search import TuningLoop
 from elastune.planners.search.journal import StudyJournal
 from elastune.planners.search.schedulers.base import Action, Result, Segment
@@ -26,7 +26,7 @@ from elastune.tasks.context import TrialContext
 from elastune.tasks.contract import JobRef, SegmentReport, report_name
 from elastune.tasks.tracking import Tracker
 from elastune.tasks.train import run_segment
-from tests.test_story import run_cli
+from tests.helpers.jobs import run_cli
 
 JOB = {
     "name": "deadline",

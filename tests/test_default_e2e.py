@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from elastune.flows.cli import main
-from tests.test_e2e import JOB, assert_resumed_never_restarted, child_runs
+from tests.helpers.jobs import JOB, assert_resumed_never_restarted, child_runs
 
 # A real server: an ephemeral one can time out on a busy machine.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import itertools
-import json
 import subprocess
 import sys
-import time
 
 import pytest
-import yaml
 
 import elastune.flows.pools
 import elastune.tasks.train
-import elastune.tasks.workers
-from elastune.flows.cli import main
+import elastune.tasks.worker_processes
 from elastune.planners.staging import LocalDevices
+from tests.helpers.jobs import overlaps, run_device_job, run_four_segments, two_devices_recorded
 
 
 def test_segments_get_the_least_loaded_devices() -> None:
@@ -81,66 +77,13 @@ def test_a_trainable_left_in_a_c_call_ends_with_its_worker_and_frees_its_device(
     next trial, which trains in a new worker."""
     calls = two_devices_recorded(monkeypatch)
     scheduler = {"name": "random", "max_resource": 1, "max_trials": 3}
-    summary = run_job(
+    summary = run_device_job(
         tmp_path, stores, capsys, "blocked_in_trial_0", scheduler, 1, segment_timeout="1s"
     )
     assert summary["trials"] == 3
     assert {trial: ids for _, _, ids, trial, _ in calls} == {0: (0,), 1: (0,), 2: (0,)}
     workers = [pid for *_, pid in calls]
     assert workers[1] != workers[0] and workers[2] == workers[1]  # retired, then kept warm
-
-
-def two_devices_recorded(monkeypatch) -> list[tuple[float, float, tuple[int, ...], int, int]]:
-    """A machine with two CUDA devices, as the driver sees it; training itself stays on the
-    CPU here (run_segment ignores device ids without CUDA), so each segment's begin, end,
-    device ids, trial and worker process are recorded as it ends."""
-    monkeypatch.setattr(elastune.flows.pools, "cuda_devices", lambda: 2)
-    calls: list[tuple[float, float, tuple[int, ...], int, int]] = []
-    real = elastune.tasks.workers.Worker.call
-
-    def recording(worker, fn, *args, **kwargs):
-        began = time.monotonic()
-        try:
-            return real(worker, fn, *args, **kwargs)
-        finally:
-            ids = tuple(kwargs["gpu_ids"])
-            calls.append((began, time.monotonic(), ids, args[1].trial, worker.pid))
-
-    monkeypatch.setattr(elastune.tasks.workers.Worker, "call", recording)
-    return calls
-
-
-def run_four_segments(tmp_path, stores, capsys, trainable: str) -> int:
-    """Run 4 one-segment trials of ``tests.trainables.<trainable>``, 2 at once; the segments
-    the job reports."""
-    scheduler = {"name": "random", "max_resource": 2, "max_trials": 4}
-    return run_job(tmp_path, stores, capsys, trainable, scheduler, 2)["segments"]
-
-
-def run_job(
-    tmp_path, stores, capsys, trainable: str, scheduler: dict, workers: int, **compute: str
-) -> dict:
-    """``elastune run`` of ``tests.trainables.<trainable>`` with ``scheduler``, ``workers``
-    segments at once and the rest of ``compute``; its summary."""
-    job = {
-        "name": "devices",
-        "trainable": f"tests.trainables:{trainable}",
-        "metric": "val_accuracy",
-        "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-        "scheduler": scheduler,
-        "compute": {"workers": workers, **compute},
-    }
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    code = main(["run", str(path), "--json", *stores])
-    out, err = capsys.readouterr()
-    assert code == 0, err
-    return json.loads(out)
-
-
-def overlaps(spans: list[tuple]) -> list[tuple[tuple, tuple]]:
-    """The pairs of ``(begin, end, ...)`` spans that overlap in time."""
-    return [(a, b) for a, b in itertools.combinations(spans, 2) if a[0] < b[1] and b[0] < a[1]]
 
 
 def test_mps_is_running_only_while_its_daemon_lives(tmp_path, monkeypatch) -> None:

@@ -1,4 +1,4 @@
-"""Elastic trials (issue 6): data-parallel digits training agrees across world sizes, and a
+"""Elastic trials: data-parallel digits training agrees across world sizes, and a
 checkpoint written at one world size resumes at another.
 
 Tolerance: with the same seed, the same global batch of 64 and synchronous all-reduce
@@ -35,7 +35,8 @@ from elastune.tasks.distributed import (
     run_distributed,
     save_checkpoint,
 )
-from tests.test_ephemeral import ROOT, alive, wait_for
+from tests.helpers.processes import ROOT, alive, wait_for
+from tests.helpers.ranks import hang
 
 pytestmark = pytest.mark.slow  # spawns processes and trains a model
 
@@ -93,20 +94,6 @@ def die_on_rank_one(ctx: DistContext) -> None:
     if ctx.rank == 1:
         os._exit(3)
     torch.distributed.barrier()
-
-
-def rank_sum(ctx: DistContext) -> float:
-    """The sum of the ranks, all-reduced: the ranks reached each other."""
-    total = torch.tensor([float(ctx.rank)])
-    torch.distributed.all_reduce(total)
-    return total.item()
-
-
-def hang(ctx: DistContext, noted: str | None = None) -> None:
-    """Sleeps ten minutes; with ``noted`` (a folder), its pid written there first."""
-    if noted is not None:
-        Path(noted, f"rank{ctx.rank}").write_text(str(os.getpid()))
-    time.sleep(600)
 
 
 @pytest.fixture(scope="module", params=["gloo", pytest.param("nccl", marks=NCCL)])
@@ -169,7 +156,7 @@ def test_ranks_end_with_the_process_that_started_them(tmp_path: Path) -> None:
     """A driver killed by SIGKILL leaves no rank training (on a GPU, holding it), nor the
     run's scratch folder."""
     start = "from elastune.tasks.distributed import run_distributed; "
-    start += "from tests.test_distributed import hang; "
+    start += "from tests.helpers.ranks import hang; "
     start += f"run_distributed(hang, 2, args=({str(tmp_path)!r},), backend='gloo', timeout=600)"
     # The driver's temporary folders, and so its run's. Short: the forkserver's socket goes
     # in there too, and a Unix socket's path may not pass 107 bytes (Python 3.11 does not
@@ -202,7 +189,7 @@ def test_a_long_tmpdir_starts_the_ranks_by_spawn(tmp_path: Path) -> None:
     long = tmp_path / ("t" * 100)
     long.mkdir()
     code = "from elastune.tasks.distributed import _start_method, run_distributed"
-    code += "; from tests.test_distributed import rank_sum"
+    code += "; from tests.helpers.ranks import rank_sum"
     code += "; print(_start_method(), run_distributed(rank_sum, 2, backend='gloo'))"
     done = subprocess.run(
         [sys.executable, "-c", code],

@@ -17,51 +17,15 @@ from optuna.trial import TrialState
 
 from elastune.flows.cli import main
 from elastune.tasks.train import GIVE_UP_GRACE_SECONDS
+from tests.helpers.jobs import (
+    JOB,
+    assert_resumed_never_restarted,
+    child_runs,
+    run_job,
+    runs_by_trial,
+)
 
 pytestmark = pytest.mark.slow
-
-JOB = {
-    "name": "tiny",
-    "trainable": "tests.trainables:quadratic",
-    "metric": "val_accuracy",
-    "mode": "max",
-    "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-    "sampler": {"name": "tpe", "seed": 0},
-    "scheduler": {"name": "sha", "eta": 3, "min_resource": 1, "max_resource": 9},
-    "compute": {"workers": 2},
-}
-
-
-def run_job(tmp_path: Path, stores: list[str], capsys, **changes) -> tuple[int, dict | None, str]:
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump({**JOB, **changes}))
-    code = main(["run", str(path), "--json", *stores])
-    out, err = capsys.readouterr()
-    return code, (json.loads(out) if out.strip() else None), err
-
-
-def child_runs(tmp_path: Path, parent: str) -> list:
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    experiment = client.get_experiment_by_name(JOB["name"])
-    return client.search_runs(
-        [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent}'", max_results=1000
-    )
-
-
-def runs_by_trial(tmp_path: Path, summary: dict) -> dict:
-    """The job's trial runs, by trial id (as a string, MLflow's tag)."""
-    runs = child_runs(tmp_path, summary["mlflow_run_id"])
-    return {r.data.tags["elastune.trial"]: r for r in runs}
-
-
-def assert_resumed_never_restarted(client: MlflowClient, run_id: str) -> list[int]:
-    """Every epoch logged once: a promoted trial resumed where it stopped, never from
-    scratch, and its restored state had counted exactly the epochs before."""
-    steps = sorted(m.step for m in client.get_metric_history(run_id, "val_accuracy"))
-    trained = {m.step: m.value for m in client.get_metric_history(run_id, "epochs_trained")}
-    assert steps == list(range(1, len(steps) + 1))
-    assert all(trained[s] == s for s in steps)
-    return steps
 
 
 def test_tiny_job_end_to_end(tmp_path, stores, capsys) -> None:
@@ -109,7 +73,7 @@ def test_a_job_trains_in_workers_with_their_imports_frozen(tmp_path, stores, cap
     """The command imports with Python's collector paused; its trials train in worker
     processes with it on, the objects their fork server imported frozen (full collections do
     not walk them again); after the command the process collects as before
-    (flows/collector.py, tasks/workers.py)."""
+    (flows/gc_freeze.py, tasks/worker_processes.py)."""
     gc.collect()  # what the test process left, so that the freeze below is the command's
     code, summary, err = run_job(
         tmp_path, stores, capsys, trainable="tests.trainables:collector", compute={"workers": 1}
@@ -124,7 +88,7 @@ def test_a_job_trains_in_workers_with_their_imports_frozen(tmp_path, stores, cap
 
 def test_a_command_leaves_what_lives_at_exit_out_of_the_last_collections(tmp_path) -> None:
     """At the process's exit every object left is frozen, so CPython's last collections do
-    not walk them (seconds after a job, flows/collector.py): a handler registered before the
+    not walk them (seconds after a job, flows/gc_freeze.py): a handler registered before the
     command runs after its own and sees them frozen."""
     code = (
         "import atexit, gc\n"

@@ -26,33 +26,21 @@ from elastune.infra.ecs_warm import WarmServices, WarmWorker, family
 from elastune.infra.local_cluster import create_warm_pool
 from elastune.infra.sizing import CapacityError, InfraError
 from elastune.infra.warm_nodes import Node, busy_nodes, draining_nodes, mark_draining
-from tests.test_ecs_backend import (  # noqa: F401
+from tests.helpers.aws import (
     BIG,
+    POOL,
     REGION,
     SMALL,
-    _gpus,
-    _register_group_instances,
-    aws,
+    WORKER,
+    container_instances,
     desired,
-    fast_moto,
+    ecs,
+    gpus_of,
+    join,
+    services,
 )
 
-POOL = "gpu-warm"
-WORKER = WarmWorker(
-    POOL,
-    "s3-bucket/elastune-segments",
-    "123456789012.dkr.ecr.us-east-1.amazonaws.com/elastune-train:latest",
-    "http://prefect.internal:4200/api",
-    "http://mlflow.internal:5000",
-)
-
-
-def ecs():
-    return boto3.client("ecs", region_name=REGION)
-
-
-def services() -> WarmServices:
-    return WarmServices(EcsCapacity("gpu"))
+pytestmark = pytest.mark.usefixtures("fast_moto")
 
 
 @pytest.mark.usefixtures("aws")
@@ -74,7 +62,7 @@ def test_one_daemon_service_per_instance_type_runs_the_warm_worker():
         ]
         definition = ecs().describe_task_definition(taskDefinition=service["taskDefinition"])
         (container,) = definition["taskDefinition"]["containerDefinitions"]
-        gpus = str(_gpus(instance_type))
+        gpus = str(gpus_of(instance_type))
         assert container["command"] == [
             "python", "-m", "elastune.flows.segment", "--pool", POOL, "--node-from-ecs",
             "--gpus", gpus, "--storage", "s3-bucket/elastune-segments",
@@ -125,40 +113,6 @@ def gate(monkeypatch) -> Gate:
     monkeypatch.setattr(elastune.infra.ecs_warm, "busy_nodes", gate.busy)
     monkeypatch.setattr(elastune.infra.ecs_warm, "LIVE_SECONDS", 0.0)
     return gate
-
-
-def container_instances() -> dict[str, dict]:
-    """The cluster's container instances by EC2 instance id."""
-    arns = ecs().list_container_instances(cluster="gpu")["containerInstanceArns"]
-    if not arns:
-        return {}
-    found = ecs().describe_container_instances(cluster="gpu", containerInstances=arns)
-    return {c["ec2InstanceId"]: c for c in found["containerInstances"]}
-
-
-def tasks_on(container_instance: str) -> set[str]:
-    """The ids of the ECS tasks on a container instance."""
-    listed = ecs().list_tasks(cluster="gpu", containerInstance=container_instance)["taskArns"]
-    return {arn.rsplit("/", 1)[-1] for arn in listed}
-
-
-def join(group: str, instance_type: str) -> dict[str, str]:
-    """The ECS agent and the DAEMON scheduler: each instance of ``group`` not yet in the
-    cluster joins it and gets its warm task. The node (task id) on each joined instance of
-    the group."""
-    for arn in _register_group_instances(group):
-        ecs().start_task(
-            cluster="gpu", taskDefinition=family(POOL, instance_type), containerInstances=[arn]
-        )
-    asg = boto3.client("autoscaling", region_name=REGION).describe_auto_scaling_groups(
-        AutoScalingGroupNames=[f"{group}-asg"]
-    )["AutoScalingGroups"][0]
-    serving = {i["InstanceId"] for i in asg["Instances"]}
-    return {
-        i: next(iter(tasks_on(c["containerInstanceArn"])))
-        for i, c in container_instances().items()
-        if i in serving
-    }
 
 
 def warm_nodes_up(nodes: int) -> dict[str, str]:

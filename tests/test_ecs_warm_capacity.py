@@ -27,14 +27,25 @@ from elastune.infra.backends import make_backend
 from elastune.infra.ecs import EcsCapacity
 from elastune.infra.ecs_warm import WarmCapacity, WarmServices
 from elastune.infra.local_cluster import NodeProcess, create_warm_pool
-from elastune.infra.pools import WorkPoolLimit
+from elastune.infra.prefect_pools import WorkPoolLimit
 from elastune.infra.server import isolated_env, stop_group
 from elastune.infra.sizing import CapacityError, Demand
 from elastune.infra.warm_nodes import WARM_TYPE, Node
-from tests.prefect_server import segment_runs
-from tests.test_ecs_backend import BIG, REGION, SMALL, aws, desired, fast_moto  # noqa: F401
-from tests.test_ecs_warm import POOL, WORKER, container_instances, join, tasks_on
-from tests.test_pool_mode import JOB
+from tests.helpers.aws import (
+    BIG,
+    POOL,
+    REGION,
+    SMALL,
+    WORKER,
+    container_instances,
+    desired,
+    join,
+    tasks_on,
+)
+from tests.helpers.jobs import POOL_JOB
+from tests.helpers.prefect_server import segment_runs
+
+pytestmark = pytest.mark.usefixtures("fast_moto")
 
 
 class Nodes:
@@ -66,7 +77,7 @@ class Nodes:
 
 
 @pytest.fixture
-def nodes(monkeypatch, aws) -> Nodes:  # noqa: F811
+def nodes(monkeypatch, aws) -> Nodes:
     fake = Nodes()
     monkeypatch.setattr(elastune.infra.ecs_warm, "live_nodes", fake.live_nodes)
     monkeypatch.setattr(elastune.infra.ecs_warm, "draining_nodes", lambda pool: fake.draining)
@@ -178,7 +189,7 @@ def test_release_scales_every_group_it_touched_to_zero(nodes):
     assert desired("big")[0] == 0
 
 
-def test_an_ecs_backend_on_a_warm_pool_drains_where_an_ecs_pool_does_not(aws):  # noqa: F811
+def test_an_ecs_backend_on_a_warm_pool_drains_where_an_ecs_pool_does_not(aws):
     warm = make_backend("ecs", POOL, pool_type=WARM_TYPE, cluster="gpu")
     assert [type(p) for p in warm.parts] == [WarmCapacity, WorkPoolLimit]
     assert warm.parts[1].pool_type == WARM_TYPE
@@ -243,7 +254,7 @@ def test_a_warm_job_sizes_its_ecs_cluster_stage_by_stage(prefect_api, tmp_path, 
     storage = create_warm_pool(POOL, tmp_path / "segments")
     # The SHA job of tests/test_pool_mode.py: 3 trials at rung 0 on 2 workers, 1 at rung 1.
     cluster = {"cluster": "gpu", "capacity_providers": ["small-cp"]}
-    job = {**JOB, "compute": {"pool": POOL, "workers": 2, "ecs": cluster}}
+    job = {**POOL_JOB, "compute": {"pool": POOL, "workers": 2, "ecs": cluster}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     WarmServices(EcsCapacity("gpu")).deploy(WORKER)
     with EcsAgents(prefect_api, tmp_path / "nodes", storage) as agents:

@@ -1,4 +1,4 @@
-"""Elastic trials in real execution (issue 6): a segment of ``g`` GPUs runs data-parallel
+"""Elastic trials in real execution: a segment of ``g`` GPUs runs data-parallel
 through ``elastune.tasks.train.run_segment`` and its MLflow checkpoint resumes at another width; a
 width that cannot run is bad input unless the job allows the fallback to 1 GPU.
 

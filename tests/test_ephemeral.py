@@ -1,5 +1,5 @@
 """A local ``elastune run`` killed (SIGKILL, or SIGTERM to its process group) leaves no
-Prefect server behind, and ends at once (issue 13: the ephemeral server is a child that
+Prefect server behind, and ends at once (the ephemeral server is a child that
 dies with its command and outlives a signal to the command's group, flows/ephemeral.py);
 a killed ``elastune profile`` leaves none of its calibration runs."""
 
@@ -11,84 +11,26 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from mlflow import MlflowClient
 
-from elastune.infra.prefect_app import FACTORY
 from elastune.infra.server import new_database
+from tests.helpers.processes import (
+    ROOT,
+    alive,
+    children,
+    cmdline,
+    descends,
+    is_server,
+    running,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = (entry / "stat").read_text()
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    """Is ``pid`` a process that still runs (a zombie waiting to be reaped does not)?"""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
-
-
-def is_server(pid: int) -> bool:
-    return FACTORY.encode() in cmdline(pid)
-
-
-def cmdline(pid: int) -> bytes:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    return b""
-
-
-def parent(pid: int) -> int | None:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2 :].split()[1])
-    return None
-
-
-def descends(pid: int | None, ancestor: int) -> bool:
-    """Is ``pid`` a descendant of ``ancestor`` (a run's worker, forked by its fork server)?"""
-    while pid not in (None, 0, 1):
-        pid = parent(pid)
-        if pid == ancestor:
-            return True
-    return False
-
-
-def running(argument: Path) -> list[int]:
-    """Processes whose command line holds ``argument``: a command, and its workers (forks)."""
-    needle = str(argument).encode()
-    return [
-        int(p.name)
-        for p in Path("/proc").iterdir()
-        if p.name.isdigit() and needle in cmdline(int(p.name))
-    ]
-
-
-def wait_for(condition: Callable[[], object], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def job_here(

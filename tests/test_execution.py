@@ -15,15 +15,15 @@ from elastune.flows.cli import main
 from elastune.flows.pools import PoolSizer
 from elastune.infra.sizing import CapacityError, Demand, PoolBackend, Sizer, SizingRecord
 from elastune.planners.cost import read_catalog
-from elastune.planners.execution import execution_plan
-from elastune.planners.execution.compile import _check_in_flight
+from elastune.planners.execution import resolve_execution
+from elastune.planners.execution.resolve import _check_in_flight
 from elastune.planners.search.schedulers.base import Segment
 from elastune.planners.spec import MAX_WORKERS, SpecError, parse_job
 from elastune.planners.staging.admission import StageSlots, WorkerCap
 from elastune.planners.staging.plan import Plan, Stage
 from elastune.planners.staging.stagepack import StagePacker
-from tests.test_bad_input import assert_rejected
-from tests.test_stagepack import JOB as PACKABLE
+from tests.helpers.jobs import PACKABLE_JOB as PACKABLE
+from tests.helpers.jobs import assert_rejected
 
 ASHA = {"name": "asha", "eta": 3, "min_resource": 1, "max_resource": 9}
 PLANNED = {
@@ -45,7 +45,7 @@ def compute(**fields: object) -> dict:
 
 
 def test_auto_packs_a_distributed_trainable_with_a_speedup() -> None:
-    execution = execution_plan(parse_job(job()), distributed=True)
+    execution = resolve_execution(parse_job(job()), distributed=True)
     assert isinstance(execution.admission, StagePacker)
     assert str(execution.mode) == "mode: not planned, packed (fluid), workers = GPUs"
     assert execution.mode.to_dict() == {
@@ -61,7 +61,7 @@ def test_auto_packs_a_distributed_trainable_with_a_speedup() -> None:
 
 def test_auto_does_not_pack_what_would_not_gain() -> None:
     # Not data-parallel: widths above 1 are out, and the profile measured no sharing.
-    execution = execution_plan(parse_job(job()), distributed=False)
+    execution = resolve_execution(parse_job(job()), distributed=False)
     assert execution.admission == WorkerCap(2)
     assert str(execution.mode) == "mode: not planned, not packed, workers = segments"
 
@@ -76,7 +76,7 @@ def test_auto_does_not_pack_what_would_not_gain() -> None:
 )
 def test_a_budget_left_unplanned_says_why(sections: dict, why: str) -> None:
     data = job(**{**PLANNED, "budget": {"deadline": "2h", "max_cost_usd": 9}, **sections})
-    mode = execution_plan(parse_job(data), distributed=False).mode
+    mode = resolve_execution(parse_job(data), distributed=False).mode
     assert mode.limits is None
     assert mode.unplanned == f"budget.deadline and budget.max_cost_usd not planned to: {why}"
     assert str(mode).startswith(f"mode: not planned ({mode.unplanned}), ")
@@ -84,19 +84,19 @@ def test_a_budget_left_unplanned_says_why(sections: dict, why: str) -> None:
 
 def test_off_never_packs() -> None:
     spec = parse_job(job(compute=compute(packing="off")))
-    assert execution_plan(spec, distributed=True).admission == WorkerCap(2)
+    assert resolve_execution(spec, distributed=True).admission == WorkerCap(2)
 
 
 def test_only_a_worker_cap_queues_segments_ahead_on_a_warm_pool() -> None:
-    capped = execution_plan(parse_job(job()), distributed=False).queued_on_nodes()
+    capped = resolve_execution(parse_job(job()), distributed=False).queued_on_nodes()
     assert capped.admission == WorkerCap(2, ahead=2)
     assert capped.admission.demand([]) == (2, 1.0)  # the pool is sized as before
     two = [Segment(t, 0, 1, rung=0) for t in range(2)]
     assert capped.admission.may_start(Segment(2, 0, 1, rung=0), two)
     assert str(capped.mode).endswith("workers = segments (as many more queued on nodes)")
-    packed = execution_plan(parse_job(job()), distributed=True)
+    packed = resolve_execution(parse_job(job()), distributed=True)
     assert packed.queued_on_nodes() is packed
-    planned = execution_plan(parse_job(job(**PLANNED)), distributed=False)
+    planned = resolve_execution(parse_job(job(**PLANNED)), distributed=False)
     assert isinstance(planned.admission, StageSlots) and planned.queued_on_nodes() is planned
 
 
@@ -112,13 +112,13 @@ def test_only_a_worker_cap_queues_segments_ahead_on_a_warm_pool() -> None:
 def test_on_where_packing_cannot_is_bad_input(why, sections, distributed, reason) -> None:
     spec = parse_job(job(**sections, compute=compute(packing="on")))
     with pytest.raises(SpecError, match=r"^compute\.packing: on, but ") as error:
-        execution_plan(spec, distributed=distributed)
+        resolve_execution(spec, distributed=distributed)
     assert reason in str(error.value)
 
 
 def test_on_where_packing_pays_packs() -> None:
     spec = parse_job(job(compute=compute(packing="on")))
-    assert isinstance(execution_plan(spec, distributed=True).admission, StagePacker)
+    assert isinstance(resolve_execution(spec, distributed=True).admission, StagePacker)
 
 
 def test_yaml_on_and_off_are_the_words() -> None:
@@ -129,7 +129,7 @@ def test_yaml_on_and_off_are_the_words() -> None:
 
 
 def test_a_planned_job_admits_by_its_stage_slots() -> None:
-    execution = execution_plan(parse_job(job(**PLANNED)), distributed=False)
+    execution = resolve_execution(parse_job(job(**PLANNED)), distributed=False)
     assert isinstance(execution.admission, StageSlots)
     assert execution.plan is not None and all(s.slots for s in execution.plan.stages)
     assert str(execution.mode) == (
@@ -140,14 +140,14 @@ def test_a_planned_job_admits_by_its_stage_slots() -> None:
 
 def test_packing_onto_max_gpus_says_workers_are_not_used() -> None:
     spec = parse_job(job(compute=compute(max_gpus=2)))
-    mode = execution_plan(spec, distributed=True).mode
+    mode = resolve_execution(spec, distributed=True).mode
     assert mode.packed and mode.workers == "not used (stages share compute.max_gpus = 2 GPUs)"
 
 
 def test_a_planned_job_packs_its_stages_or_finds_a_width_it_cannot_run() -> None:
     wide = {"seconds_per_unit": {1: 1800}, "speedup": {2: 1.9, 4: 3.9}}
     spec = parse_job(job(**{**PLANNED, "profile": wide, "budget": {"deadline": "1h"}}))
-    execution = execution_plan(spec, distributed=True)
+    execution = resolve_execution(spec, distributed=True)
     assert isinstance(execution.admission, StagePacker)
     assert execution.plan is not None and max(s.gpus_per_trial for s in execution.plan.stages) > 1
     mode = "mode: planned (deadline 1h), packed (fluid), re-planned in flight,"
@@ -157,7 +157,7 @@ def test_a_planned_job_packs_its_stages_or_finds_a_width_it_cannot_run() -> None
     assert execution.admission.nodes == read_catalog().instance_types
     # The same plan for a trainable that is not data-parallel: bad input before anything runs.
     with pytest.raises(SpecError, match=r"plan stage b0-r\d: trainable: .*distributed"):
-        execution_plan(spec, distributed=False)
+        resolve_execution(spec, distributed=False)
 
 
 # --- the policies ------------------------------------------------------------------------
@@ -239,15 +239,8 @@ def test_run_prints_the_mode_once_and_puts_it_in_json(tmp_path, stores, capsys) 
 def test_run_with_packing_on_that_cannot_pack_exits_2(tmp_path, stores, capsys) -> None:
     data = job(trainable="tests.trainables:quadratic", compute=compute(packing="on"))
     code = main(["run", write(tmp_path, data), *stores])
-    captured = capsys.readouterr()
-    assert captured.err.splitlines()[0].startswith("job ")
-
-    class _WithoutJobLine:  # run prints `job <ID>` before the flow starts
-        def readouterr(self):
-            lines = [line for line in captured.err.splitlines() if not line.startswith("job ")]
-            return type(captured)(captured.out, "\n".join(lines))
-
-    assert_rejected(_WithoutJobLine(), code, "compute.packing", tmp_path)
+    # Found while the job is prepared: before it has an id, a flow run or a store.
+    assert_rejected(capsys, code, "compute.packing", tmp_path)
 
 
 def test_plan_prints_the_mode_run_would_give(tmp_path, capsys) -> None:
@@ -296,7 +289,7 @@ def test_a_cost_plan_wider_than_one_driver_keeps_in_flight_is_bad_input() -> Non
         )
     )
     with pytest.raises(SpecError, match=r"^compute\.max_gpus: the cost plan runs 600 segments"):
-        execution_plan(spec, distributed=False)
+        resolve_execution(spec, distributed=False)
 
 
 def test_brackets_side_by_side_count_together_in_flight() -> None:
@@ -326,7 +319,7 @@ def test_plan_starts_a_replanned_job_as_run_does(tmp_path, capsys) -> None:
     }
     assert main(["plan", write(tmp_path, job(**sections)), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    execution = execution_plan(parse_job(job(**sections)), distributed=True)
+    execution = resolve_execution(parse_job(job(**sections)), distributed=True)
     assert execution.report is not None
     assert shown["first_stage"] == execution.report.to_dict()["first_stage"]
     assert shown["stages"] == execution.report.to_dict()["stages"]
@@ -358,7 +351,7 @@ class _Refusing(Sizer):
 
 def test_a_later_stage_the_pool_cannot_hold_is_refused_before_the_first_is_sized() -> None:
     spec = parse_job(job(scheduler={"name": "sha", "eta": 3, "max_resource": 9}))
-    execution = execution_plan(spec, distributed=False)
+    execution = resolve_execution(spec, distributed=False)
     assert execution.plan is not None
     last = execution.plan.stages[-1].name
     part = _Refusing(last)
@@ -378,7 +371,7 @@ def test_a_later_stage_the_pool_cannot_hold_is_refused_before_the_first_is_sized
 
 
 def test_a_job_re_planned_in_flight_resizes_its_pool_for_the_stage_running() -> None:
-    execution = execution_plan(parse_job(job(**PLANNED)), distributed=False)
+    execution = resolve_execution(parse_job(job(**PLANNED)), distributed=False)
     assert execution.plan is not None
     first = execution.plan.stages[0]
     segment = Segment(0, first.start, first.stop, first.rung, first.bracket)
@@ -402,7 +395,7 @@ def test_a_job_re_planned_in_flight_resizes_its_pool_for_the_stage_running() -> 
 
 def test_an_asynchronous_job_checks_its_one_pool_size() -> None:
     spec = parse_job(job(scheduler=ASHA, compute=compute(workers=3)))
-    execution = execution_plan(spec, distributed=False)
+    execution = resolve_execution(spec, distributed=False)
     part = _Refusing("asha")
     with pytest.raises(CapacityError, match="stage 'asha' needs 3 slots"):
         PoolSizer(PoolBackend("test", [part]), execution, "asha").check()

@@ -1,4 +1,4 @@
-"""Plan any pool and forecast next to measurement (issue 12, items 1 and 2): the ``local``
+"""Plan any pool and forecast next to measurement (items 1 and 2): the ``local``
 type planned in milliseconds, what a planned local run records of its forecast and its
 measurement (``run --json``, the parent MLflow run, the plan artifact), and bad input for
 the new fields."""
@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 from elastune.flows.cli import main
-from elastune.flows.forecast import HeldForecast
+from elastune.flows.forecast import ForecastCheck
 from elastune.planners.cost import plan_job
-from elastune.planners.cost.local import LOCAL
+from elastune.planners.cost.pricing.this_machine import LOCAL
 from elastune.planners.spec import SpecError, parse_job
 from elastune.planners.staging.plan import compile_plan
-from tests.test_bad_input import assert_rejected
+from tests.helpers.jobs import assert_rejected
 
 JOB = {
     "name": "forecast",
@@ -120,7 +120,7 @@ def test_held_forecast_measures_stages_from_their_brackets_previous_end() -> Non
         "cost_usd": {"p50": 0.02, "p95": 0.02},
         "stages": {"b0-r0": stage, "b0-r1": {**stage, "end_s": {"p50": 20.0, "p95": 22.0}}},
     }
-    held = HeldForecast(forecast)
+    held = ForecastCheck(forecast)
     held.stage_done(0, 0, 9.0)
     held.stage_done(0, 1, 21.0)
     measured = held.measured(21.5)

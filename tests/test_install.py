@@ -71,6 +71,15 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
+def json_out(folder: Path, *argv: str | Path) -> dict:
+    """Run ``argv`` in ``folder`` as a user's shell would; the JSON it printed last."""
+    done = subprocess.run(
+        argv, cwd=folder, env=clean_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 def test_every_package_folder_installs_under_elastune() -> None:
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {f"elastune.{name}": ROOT / name for name in elastune.SUBPACKAGES}
@@ -112,29 +121,11 @@ def test_a_job_runs_beside_a_project_with_its_own_flows_and_tasks(tmp_path: Path
     shadowed by elastune, nor the reverse."""
     project = make_project(tmp_path)
     command = Path(sys.executable).with_name("elastune")
-    done = subprocess.run(
-        [command, "run", "job.yaml", "--json"],
-        cwd=project,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    by_command = json.loads(done.stdout)
+    by_command = json_out(project, command, "run", "job.yaml", "--json")
     assert by_command["best"]["metric"] > 0.5
 
     code = "import elastune, json; print(json.dumps(elastune.run('job.yaml', ['name=again'])))"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=project,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    by_python = json.loads(done.stdout.splitlines()[-1])
+    by_python = json_out(project, sys.executable, "-c", code)
     assert by_python.keys() == by_command.keys()
     assert by_python["best"]["metric"] == by_command["best"]["metric"]  # same seed, same job
 
@@ -176,16 +167,7 @@ def test_the_wheel_runs_a_job_from_an_unrelated_folder(tmp_path: Path) -> None:
     python = venv / "bin" / "python"
 
     def elastune_command(*args: str) -> dict:
-        done = subprocess.run(
-            [python, "-m", "elastune.flows.cli", *args, "--json"],
-            cwd=project,
-            env=clean_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
+        return json_out(project, python, "-m", "elastune.flows.cli", *args, "--json")
 
     where = subprocess.run(
         [python, "-c", "import elastune; print(elastune.__file__)"],

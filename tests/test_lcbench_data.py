@@ -5,16 +5,16 @@ made once per session and the other tests read it."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from filelock import FileLock
 
 from elastune import planners
 from elastune.planners.sim import lcbench_data
 from elastune.planners.sim.lcbench_data import FOLDER, TABLE, data_dir, task_table
-from elastune.planners.spec import SpecError
+from elastune.planners.spec import SpecError, cache
 from elastune.planners.spec.cache import cache_dir
 
 # Task 3945 of the 1000-configuration table as first made (onnxruntime 1.31, x86):
@@ -87,12 +87,24 @@ def test_a_killed_write_leaves_nothing_and_the_next_call_makes_the_table(monkeyp
 def test_two_callers_at_once_make_the_table_once(monkeypatch, tmp_path):
     monkeypatch.setenv("ELASTUNE_CACHE", str(tmp_path))
     made = []
+    second_at_lock = threading.Event()
+    locks = []
+
+    class CountedLock(FileLock):
+        """The cache's lock, telling when the second caller reaches it."""
+
+        def __enter__(self) -> FileLock:
+            locks.append(self)
+            if len(locks) == 2:
+                second_at_lock.set()
+            return super().__enter__()
 
     def slow(path: Path, task: str) -> dict[str, np.ndarray]:
         made.append(task)
-        time.sleep(0.3)  # long enough for the other caller to reach the lock
+        assert second_at_lock.wait(60)  # the other caller waits on the lock meanwhile
         return fake_table(path, task)
 
+    monkeypatch.setattr(cache, "FileLock", CountedLock)
     monkeypatch.setattr(lcbench_data, "_make_table", slow)
     callers = [threading.Thread(target=task_table, args=(data_dir(), "3945")) for _ in range(2)]
     for caller in callers:

@@ -20,7 +20,7 @@ from prefect.settings import PREFECT_API_URL
 from prefect_aws import AwsCredentials
 
 from elastune.infra.backends import ecs_backend, local_backend, make_backend
-from elastune.infra.pools import read_pool, wait_for_worker
+from elastune.infra.prefect_pools import read_pool, wait_for_worker
 from elastune.infra.sizing import (
     MissingCredentials,
     NoWorker,
@@ -29,7 +29,7 @@ from elastune.infra.sizing import (
     publish_sizing,
 )
 from elastune.infra.template import TEMPLATE_PATH
-from tests.prefect_server import running_worker
+from tests.helpers.prefect_server import running_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 

@@ -9,40 +9,18 @@ import json
 import traceback
 
 import pytest
-import yaml
 from mlflow import MlflowClient
 from prefect.artifacts import Artifact
-from prefect.client.orchestration import PrefectClient, get_client
-from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.client.orchestration import PrefectClient
 
 import elastune.flows.warm_pool
 from elastune.flows.cli import main
 from elastune.infra.local_cluster import create_warm_pool
-from elastune.infra.pools import read_pool
-from tests.prefect_server import running_worker, segment_runs, warm_nodes
+from elastune.infra.prefect_pools import read_pool
+from tests.helpers.jobs import create_pool, write_job
+from tests.helpers.prefect_server import running_worker, segment_runs, warm_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
-
-JOB = {
-    "name": "pooled",
-    "trainable": "tests.trainables:quadratic",
-    "metric": "val_accuracy",
-    "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-    "sampler": {"name": "random", "seed": 2},
-    "scheduler": {"name": "sha", "eta": 3, "min_resource": 1, "max_resource": 3},
-    "compute": {"workers": 2},
-}
-
-
-def create_pool(name: str, pool_type: str = "process") -> None:
-    with get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(name=name, type=pool_type))
-
-
-def write_job(tmp_path, **changes) -> str:
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump({**JOB, **changes}))
-    return str(path)
 
 
 def test_segments_run_on_warm_nodes_one_per_free_slot(

@@ -1,4 +1,4 @@
-"""Records stay true (issue "A user's first hour", part A): resuming a finished job changes
+"""Records stay true: resuming a finished job changes
 nothing, a job whose every trial failed says so, bad input answers before Prefect starts,
 the plan's table keeps its values whole, and ``ctx.seed`` follows ``sampler.seed``."""
 
@@ -19,7 +19,7 @@ import elastune.flows.tune
 from elastune.flows.cli import main
 from elastune.flows.job import Job
 from elastune.flows.prepare import prepare
-from elastune.flows.stored import stored_job
+from elastune.flows.stored_job import stored_job
 from elastune.planners.search import Segment
 from elastune.planners.spec import parse_job
 from elastune.tasks.contract import JobRef

@@ -1,4 +1,4 @@
-"""A real local run re-planned in flight (flows/replan.py, docs/algorithms.md §5.8): its
+"""A real local run re-planned in flight (flows/replanning.py, docs/algorithms.md §5.8): its
 profile is 2x too optimistic, the static plan would miss the deadline, the re-planned run
 meets it and says why it re-planned; a packed run re-plans its packed stages."""
 
@@ -15,18 +15,18 @@ from mlflow.tracking import MlflowClient
 
 from elastune.flows.job import Job, new_job_id
 from elastune.flows.prepare import prepare
-from elastune.flows.replan import AT_RISK_TAG, InFlight
+from elastune.flows.replanning import AT_RISK_TAG, InFlight
 from elastune.planners.cost import plan_job
-from elastune.planners.cost.held import Held
-from elastune.planners.cost.replan import Replanner
-from elastune.planners.cost.report import StageAllocation
-from elastune.planners.cost.simulate import PlanSimulator
+from elastune.planners.cost.inflight.replanner import Replanner
+from elastune.planners.cost.montecarlo.held import Held
+from elastune.planners.cost.montecarlo.simulate import PlanSimulator
+from elastune.planners.cost.reports.plan_report import StageAllocation
 from elastune.planners.search import Result, Segment
 from elastune.planners.spec import parse_job
 from elastune.planners.staging import Profile, StagePacker
 from elastune.planners.staging.admission import StageSlots
 from elastune.tasks.contract import SegmentReport
-from tests.test_e2e import JOB, run_job
+from tests.helpers.jobs import JOB, run_job
 
 pytestmark = pytest.mark.slow
 

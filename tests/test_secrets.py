@@ -30,7 +30,7 @@ from prefect_aws import AwsCredentials
 
 from elastune.flows.cli import main
 from elastune.infra.template import TEMPLATE_PATH
-from tests.test_ecs_backend import ACCESS_KEY, SECRET_KEY, aws, fast_moto  # noqa: F401
+from tests.helpers.aws import ACCESS_KEY, SECRET_KEY
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 
-from elastune.flows.signals import HeldSignals
+from elastune.flows.signals import DeferredSignals
 
 
 class Stopped(Exception):
@@ -37,7 +37,7 @@ def stopping() -> Iterator[list[int]]:
 
 
 def test_a_held_signal_reaches_the_handler_where_the_driver_waits(stopping: list[int]) -> None:
-    with HeldSignals() as signals:
+    with DeferredSignals() as signals:
         signal.raise_signal(signal.SIGTERM)
         written = True  # the store write under way ends
         assert stopping == []
@@ -49,14 +49,14 @@ def test_a_held_signal_reaches_the_handler_where_the_driver_waits(stopping: list
 
 def test_a_signal_while_waiting_goes_straight_to_the_handler(stopping: list[int]) -> None:
     waited_on = False
-    with pytest.raises(Stopped), HeldSignals() as signals, signals.delivered():
+    with pytest.raises(Stopped), DeferredSignals() as signals, signals.delivered():
         signal.raise_signal(signal.SIGTERM)
         waited_on = True
     assert not waited_on and stopping == [signal.SIGTERM]
 
 
 def test_a_signal_held_at_the_end_is_delivered_then(stopping: list[int]) -> None:
-    with pytest.raises(Stopped), HeldSignals():
+    with pytest.raises(Stopped), DeferredSignals():
         signal.raise_signal(signal.SIGTERM)
     assert stopping == [signal.SIGTERM]
 
@@ -64,7 +64,7 @@ def test_a_signal_held_at_the_end_is_delivered_then(stopping: list[int]) -> None
 def test_a_second_signal_is_delivered_at_once(stopping: list[int]) -> None:
     """A driver stuck outside its wait still ends."""
     went_on = False
-    with pytest.raises(Stopped), HeldSignals():
+    with pytest.raises(Stopped), DeferredSignals():
         signal.raise_signal(signal.SIGTERM)
         signal.raise_signal(signal.SIGTERM)
         went_on = True
@@ -83,7 +83,7 @@ def interrupting() -> Iterator[None]:
 
 @pytest.mark.usefixtures("interrupting")
 def test_sigint_is_held_too() -> None:
-    with pytest.raises(KeyboardInterrupt), HeldSignals():
+    with pytest.raises(KeyboardInterrupt), DeferredSignals():
         signal.raise_signal(signal.SIGINT)
         held = True
     assert held
@@ -93,7 +93,7 @@ def test_outside_the_main_thread_it_does_nothing(stopping: list[int]) -> None:
     installed = []
 
     def work() -> None:
-        with HeldSignals() as signals, signals.delivered():
+        with DeferredSignals() as signals, signals.delivered():
             installed.append(signal.getsignal(signal.SIGTERM))
 
     thread = threading.Thread(target=work)
@@ -113,7 +113,7 @@ def test_a_stop_never_leaves_a_store_locked(tmp_path: Path, stopping: list[int])
     step = itertools.count()
     for _ in range(10):
         threading.Timer(random.uniform(0.02, 0.2), os.kill, (os.getpid(), signal.SIGTERM)).start()
-        with pytest.raises(Stopped), HeldSignals() as signals:
+        with pytest.raises(Stopped), DeferredSignals() as signals:
             while True:
                 i = next(step)
                 client.log_batch(driver, [Metric("m", i, 0, i)], [Param(f"p{i}", "v")])

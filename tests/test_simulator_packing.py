@@ -1,4 +1,4 @@
-"""The simulator with Fluid packing (issue 6): synchronous stages as TrialGroups on a pool of
+"""The simulator with Fluid packing: synchronous stages as TrialGroups on a pool of
 GPUs, elastic widths from a scaling profile."""
 
 from __future__ import annotations

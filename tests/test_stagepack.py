@@ -1,4 +1,4 @@
-"""Fluid in the staged flow (issue 6): each stage's segments are packed onto its GPUs.
+"""Fluid in the staged flow: each stage's segments are packed onto its GPUs.
 
 The planners tests check the decisions (widths, admission by free GPUs, who gets packed at
 all); the slow test runs a real SHA job on CPU, where the GPUs are gloo processes, and
@@ -14,22 +14,11 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from elastune.planners.cost.catalog import parse_catalog, read_catalog
+from elastune.planners.cost.pricing.catalog import parse_catalog, read_catalog
 from elastune.planners.search import Segment
 from elastune.planners.spec import parse_job
 from elastune.planners.staging import Plan, Profile, Stage, StagePacker, compile_plan, stage_packer
-
-JOB = {
-    "name": "wide",
-    "trainable": "tests.trainables:wide_quadratic",
-    "metric": "val_accuracy",
-    "mode": "max",
-    "space": {"x": {"type": "float", "low": 0.0, "high": 1.0}},
-    "sampler": {"name": "random", "seed": 0},
-    "scheduler": {"name": "sha", "eta": 2, "min_resource": 1, "max_resource": 2, "max_trials": 2},
-    "compute": {"workers": 2},
-    "profile": {"seconds_per_unit": {1: 1.0}, "speedup": {2: 1.8}},
-}
+from tests.helpers.jobs import PACKABLE_JOB
 
 
 def segments(stage: Stage, trials: range) -> list[Segment]:
@@ -167,15 +156,17 @@ def test_the_job_profile_becomes_the_packers():
 
 
 def test_no_speedup_or_no_data_parallel_trainable_keeps_todays_admission():
-    spec = parse_job(JOB)
+    spec = parse_job(PACKABLE_JOB)
     plan = compile_plan(spec)
     assert isinstance(stage_packer(spec, plan, distributed=True), StagePacker)
     assert stage_packer(spec, plan, distributed=False) is None
     assert stage_packer(spec, None, distributed=True) is None
-    flat = parse_job({**JOB, "profile": {"seconds_per_unit": {1: 1.0, 2: 1.0}}})
+    flat = parse_job({**PACKABLE_JOB, "profile": {"seconds_per_unit": {1: 1.0, 2: 1.0}}})
     assert stage_packer(flat, plan, distributed=True) is None  # S(2) = 1 helps nobody
-    assert stage_packer(parse_job({**JOB, "profile": None}), plan, distributed=True) is None
-    one_gpu = parse_job({**JOB, "compute": {"workers": 2, "max_gpus": 1}})
+    assert (
+        stage_packer(parse_job({**PACKABLE_JOB, "profile": None}), plan, distributed=True) is None
+    )
+    one_gpu = parse_job({**PACKABLE_JOB, "compute": {"workers": 2, "max_gpus": 1}})
     assert stage_packer(one_gpu, plan, distributed=True) is None
 
 
@@ -197,7 +188,7 @@ def test_a_real_staged_job_runs_its_top_rung_survivor_at_width_two(tmp_path: Pat
     from elastune.flows.cli import main
 
     path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(JOB))
+    path.write_text(yaml.safe_dump(PACKABLE_JOB))
     code = main(["run", str(path), "--json", *stores])
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -205,7 +196,7 @@ def test_a_real_staged_job_runs_its_top_rung_survivor_at_width_two(tmp_path: Pat
     assert summary["trials"] == 2 and summary["segments"] == 3
 
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    experiment = client.get_experiment_by_name(JOB["name"])
+    experiment = client.get_experiment_by_name(PACKABLE_JOB["name"])
     runs = client.search_runs(
         [experiment.experiment_id], f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}'"
     )
@@ -229,7 +220,7 @@ def test_the_measured_gpu_profile_packs_small_trials_onto_one_gpu():
     # speed, 4 at 0.61, so sharing pays (1.38x and 2.45x the throughput of one).
     measured = {1: 0.4154, 0.5: 0.6008, 0.25: 0.6780}
     job = {
-        **JOB,
+        **PACKABLE_JOB,
         "trainable": "tests.trainables:quadratic",
         "profile": {"seconds_per_unit": measured},
     }

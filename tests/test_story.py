@@ -1,65 +1,20 @@
-"""A finished job tells its story in the Prefect UI (flows/story.py): its flow run is named
+"""A finished job tells its story in the Prefect UI (flows/job_log.py): its flow run is named
 after the job id, its logs (read back through the client) hold its stages, promotions and
 best, and its leaderboard is rounded for reading."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.test_e2e import JOB
+from tests.helpers.jobs import JOB, flow_runs_named, run_cli
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def flow_runs_named(name: str) -> list:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
-
-    with get_client(sync_client=True) as client:
-        return client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name]))
-        )
-
-
-def run_logs(flow_run_id) -> list[str]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(
-            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
-        )
-    return [log.message for log in logs]
-
-
-def run_cli(tmp_path: Path, stores: list[str], api: str, job: dict) -> tuple[dict, str, list[str]]:
-    """Run ``job`` with the CLI against the server ``api``: its summary, its stderr, and
-    its flow run's log lines after checking the run is named after the job."""
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    # A process of its own: the CLI's logging defaults are set before Prefect is imported.
-    done = subprocess.run(
-        [sys.executable, "-m", "elastune.flows.cli", "run", str(path), "--json", *stores],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_API_URL": api},
-    )
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
-    (run,) = flow_runs_named(summary["job_id"])
-    assert run.state.is_completed()
-    return summary, done.stderr, run_logs(run.id)
 
 
 def test_the_cli_job_run_is_named_after_the_job_and_logs_its_story(

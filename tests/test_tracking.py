@@ -89,7 +89,7 @@ def test_a_segment_resumed_mid_way_reports_the_epochs_before_the_crash(tmp_path:
 def test_a_spooled_segment_hands_its_newest_checkpoint_and_metrics_to_mlflow(
     tmp_path: Path,
 ) -> None:
-    from elastune.tasks.spool import Spool
+    from elastune.tasks.checkpoint_spool import Spool
 
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "ckpt")
     spool = Spool(tmp_path / "spool")
@@ -111,7 +111,7 @@ def test_a_spooled_segment_hands_its_newest_checkpoint_and_metrics_to_mlflow(
 def test_a_killed_spooled_segment_loses_only_what_followed_its_last_checkpoint(
     tmp_path: Path,
 ) -> None:
-    from elastune.tasks.spool import Spool
+    from elastune.tasks.checkpoint_spool import Spool
 
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "ckpt")
     spool = Spool(tmp_path / "spool")

@@ -32,7 +32,7 @@ from elastune.planners.search import Segment
 from elastune.tasks.contract import JobRef, report_name
 from elastune.tasks.tracking import Tracker
 from elastune.tasks.train import run_segment
-from tests.prefect_server import segment_runs, warm_nodes
+from tests.helpers.prefect_server import segment_runs, warm_nodes
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

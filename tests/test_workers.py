@@ -1,4 +1,4 @@
-"""Worker processes (tasks/workers.py): calls cross, a dead or stuck worker is named and
+"""Worker processes (tasks/worker_processes.py): calls cross, a dead or stuck worker is named and
 replaced, workers see their driver as it is now, and none outlives its driver."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from elastune.tasks.workers import LocalWorkers, WorkerDied, fork_server_here
+from elastune.tasks.worker_processes import WorkerDied, WorkerProcesses, fork_server_here
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_worker_answers_raises_and_is_kept_warm() -> None:
-    with LocalWorkers(threads=1) as workers:
+    with WorkerProcesses(threads=1) as workers:
         with workers.worker() as worker:
             first = worker.call(os.getpid)
             assert first != os.getpid() and worker.call(divmod, 7, 2) == (3, 1)
@@ -41,7 +41,7 @@ def test_a_worker_answers_raises_and_is_kept_warm() -> None:
     ids=["exit", "segfault", "stuck"],
 )
 def test_a_worker_that_dies_or_hangs_is_named_and_replaced(fn, args, how) -> None:
-    with LocalWorkers(threads=1) as workers:
+    with WorkerProcesses(threads=1) as workers:
         with workers.worker() as worker:
             pid = worker.call(os.getpid)
             args = tuple(pid if a is None else a for a in args)
@@ -59,7 +59,7 @@ def test_a_worker_sees_its_driver_as_it_is_now(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "seen_here.py").write_text("VALUE = 5\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with LocalWorkers(threads=1) as workers, workers.worker() as worker:
+    with WorkerProcesses(threads=1) as workers, workers.worker() as worker:
         assert worker.call(os.getenv, "ELASTUNE_TEST_SEEN") == "now"
         assert worker.call(os.getcwd) == str(tmp_path)
         assert worker.call(eval, "__import__('seen_here').VALUE") == 5
@@ -68,12 +68,12 @@ def test_a_worker_sees_its_driver_as_it_is_now(tmp_path, monkeypatch) -> None:
 # A script without `if __name__ == "__main__"`: a worker never runs it again.
 FORKED = """
 import os, threading
-from elastune.tasks.workers import LocalWorkers, fork_server_here
+from elastune.tasks.worker_processes import WorkerProcesses, fork_server_here
 IMPORTED_BEFORE_THE_FORK = 7
 def seen():
     return IMPORTED_BEFORE_THE_FORK
 print(fork_server_here(), flush=True)
-workers = LocalWorkers(threads=1)
+workers = WorkerProcesses(threads=1)
 with workers.worker() as worker:
     print(worker.call(os.getpid), flush=True)
     threading.Thread(target=threading.Event().wait, daemon=True).start()

@@ -1,16 +1,16 @@
-"""Cost planning (docs/algorithms.md §4-§5): catalog, billing, simulator, planners.
+"""Cost planning (docs/algorithms.md §4-§5): a job file in, a priced plan out.
 
-``plan_job(spec, planner, catalog)`` is the entry point; ``draw_gantt`` (in
-``elastune.planners.cost.gantt``, which imports matplotlib) draws its report.
+``plan_job(spec, planner, catalog)`` (``price_job``) is the entry point; ``draw_gantt`` (in
+``elastune.planners.cost.reports.gantt``, which imports matplotlib) draws its report.
 
-The modules, from the inputs up: ``catalog`` and ``billing`` (instance types and their
-prices; the speed profile they are timed with is :class:`elastune.planners.staging.Profile`),
-``allocation`` (plans: GPUs per trial, instance type and nodes per stage), ``simulate``
-(``PlanSimulator``: JCT and cost by Monte Carlo, with ``draws``, ``layout``, ``pool``,
-``interruptions`` (spot), ``held`` (the nodes and trials in flight), ``outcome`` and
-``trace``), the planners ``rubberband`` (with ``sizing``) and ``seer``, the ``baselines``,
-``estimate``, ``replan`` and ``recourse`` (the profile learnt in flight, re-planning, and a
-first stage chosen for it), and ``job`` and ``report`` (a job file in, a report out).
+The packages, from the inputs up, each importing only those before it: ``pricing`` (the
+instance catalog, billing, this machine as an instance type, and the allocation plans that
+are priced: GPUs per trial, instance type and nodes per stage; the speed profile they are
+timed with is :class:`elastune.planners.staging.Profile`), ``montecarlo`` (the plan
+simulator: JCT and cost by Monte Carlo), ``planning`` (RubberBand, SEER, spot with a
+deadline, static baselines), ``inflight`` (the profile learnt from a job's own segments,
+re-planning, and a first stage chosen for it) and ``reports`` (the plan report and its
+Gantt chart).
 
 Example (a small SHA job on the built-in catalog: one GPU per trial on one node is the
 cheapest plan that meets the two-hour deadline):
@@ -32,9 +32,9 @@ cheapest plan that meets the two-hour deadline):
     b0-r2 1 x 1.0 GPU on 1 g5.xlarge
 """
 
-from elastune.planners.cost.catalog import Catalog, parse_catalog, read_catalog
-from elastune.planners.cost.job import plan_job
-from elastune.planners.cost.report import InfeasibleError, PlanReport, StageAllocation
+from elastune.planners.cost.price_job import plan_job
+from elastune.planners.cost.pricing.catalog import Catalog, parse_catalog, read_catalog
+from elastune.planners.cost.reports.plan_report import InfeasibleError, PlanReport, StageAllocation
 
 __all__ = [
     "Catalog",

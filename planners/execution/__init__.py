@@ -7,10 +7,10 @@ Example:
     >>> spec = parse_job({"name": "d", "trainable": "m:f", "metric": "acc",
     ...     "space": {"x": {"type": "float", "low": 0, "high": 1}},
     ...     "scheduler": {"name": "sha", "min_resource": 1, "max_resource": 9}})
-    >>> print(execution_plan(spec, distributed=False).mode)
+    >>> print(resolve_execution(spec, distributed=False).mode)
     mode: not planned, not packed, workers = segments
 """
 
-from elastune.planners.execution.compile import ExecutionMode, ExecutionPlan, execution_plan
+from elastune.planners.execution.resolve import Execution, ExecutionMode, resolve_execution
 
-__all__ = ["ExecutionMode", "ExecutionPlan", "execution_plan"]
+__all__ = ["Execution", "ExecutionMode", "resolve_execution"]

@@ -23,8 +23,8 @@ Example (random search on a toy benchmark: accuracy is ``x``, one second per epo
 from elastune.planners.sim.benchmark import Benchmark, Curve
 from elastune.planners.sim.engine import Packing, Preemption
 from elastune.planners.sim.lcbench import LCBenchSurrogate, LCBenchTable
-from elastune.planners.sim.report import format_report, load_benchmark, simulate_job
 from elastune.planners.sim.simulator import SimulatedRun, simulate
+from elastune.planners.sim.summary import format_report, load_benchmark, simulate_job
 
 __all__ = [
     "Benchmark",

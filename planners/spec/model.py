@@ -337,8 +337,8 @@ LOCAL_POOL = "local"
 class ComputeSpec(StrictModel):
     pool: str = LOCAL_POOL
     workers: int = Field(default=2, ge=1, le=MAX_WORKERS)
-    # Catalog types, or ``[local]``: this machine (planners/cost/local.py), also what a job
-    # on the local pool without instance types is planned on.
+    # Catalog types, or ``[local]``: this machine (planners/cost/pricing/this_machine.py), also what
+    # a job on the local pool without instance types is planned on.
     instance_types: list[str] = Field(default_factory=list)
     max_gpus: int | None = Field(default=None, ge=1)
     # What an hour of this machine costs (the ``local`` type); 0: it is free.

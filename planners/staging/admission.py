@@ -2,7 +2,7 @@
 must hold for the stages that run.
 
 Three policies, one per way a job runs; the execution plan chooses one
-(:func:`elastune.planners.execution.execution_plan`):
+(:func:`elastune.planners.execution.resolve_execution`):
 
 * :class:`WorkerCap`: at most ``compute.workers`` segments at once, one GPU each
   (asynchronous schedulers, and staged plans the cost planner did not size), and on a warm

@@ -1,0 +1,2 @@
+"""What several test modules share: jobs run through the command line, processes watched,
+AWS under moto, data-parallel ranks."""
