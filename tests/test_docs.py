@@ -160,3 +160,17 @@ def test_the_index_names_every_page() -> None:
     linked = {target.partition("#")[0] for target in LINK.findall(index)}
     pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"README.md"}
     assert pages <= linked, f"docs/README.md does not link {sorted(pages - linked)}"
+
+
+KINDS = ("*Tutorial", "*How-to", "*Reference", "*Explanation", "*Benchmarks")
+
+
+@pytest.mark.parametrize(
+    "page",
+    [p for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "README.md"],
+    ids=lambda p: p.name,
+)
+def test_each_page_says_which_kind_it_is(page: Path) -> None:
+    """The index promises that each page's first line under its title names its kind."""
+    first = next(line for _, line in prose(page)[1:] if line.strip())
+    assert first.startswith(KINDS), f"{page.name} begins {first[:40]!r}, not one of {KINDS}"
