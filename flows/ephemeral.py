@@ -83,10 +83,9 @@ WATCHDOG = (
 
 # Imported while the server starts, all of them even when it answers first: MLflow's SQL
 # store (a job's tracker builds one), and torch's compiler, which every torch.optim
-# optimizer imports when it is made. Left to the job, the compiler's 0.8-1.9 s landed in
-# its first segment or not, by that race: a calibration job's wall moved by that much from
-# one run to the next (docs/benchmarks.md, "A race in the start"), and it imported with
-# the collector on (flows/gc_freeze.py).
+# optimizer imports when it is made. Left to the job, the compiler's 0.8-1.9 s would land in
+# its first segment or not, by that race, moving a calibration job's wall by as much from
+# one run to the next, and it would import with the collector on (flows/gc_freeze.py).
 WARM = ("mlflow.store.tracking.sqlalchemy_store", "torch._dynamo")
 
 # The API address of the server this process started and answered, once it has.

@@ -1,5 +1,5 @@
 """Python's cyclic garbage collector in a job's processes (docs/benchmarks.md, "Where the
-start goes" and "Where the time goes besides training").
+time goes" and "Where the time goes besides training").
 
 Importing torch, Prefect, MLflow and Optuna makes about a million objects, and each of
 CPython's full collections walks every one while the process's threads wait: it was a

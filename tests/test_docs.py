@@ -118,3 +118,59 @@ def test_paths_the_docs_name_exist(page: Path) -> None:
         if not (ROOT / path.split(":")[0].rstrip("/")).exists()
     ]
     assert not missing, missing
+
+
+# What a page must not say: history lives in git and in benchmarks/results/, a page states
+# today's behaviour and figures. Work sessions, issue numbers, numbered rounds of work and
+# runs named by letters ("run AL", "runs P-T") are the forms a lab notebook takes.
+HISTORY = re.compile(
+    r"(?i:\bsessions? \d+|\bissues? \d+|\brounds? \d+)"
+    r"|(?:^|[\s(,;])#\d+\b(?!-)"
+    r"|\bruns? [A-Z]{1,2}(?:-[A-Z]{1,2})?\b(?![.'-]?[a-z])"
+)
+URL = re.compile(r"https?://\S+")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_pages_state_behaviour_not_history(page: Path) -> None:
+    found = [
+        f"{number}: {match.group(0).strip()!r}"
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        for match in HISTORY.finditer(URL.sub("", line))
+    ]
+    assert not found, found
+
+
+def test_history_guard_catches_the_notebook_forms() -> None:
+    for text in (
+        "since session 48",
+        "Issue 13's goals",
+        "fixes #12",
+        "run AL",
+        "runs P-T",
+        "round 3",
+    ):
+        assert HISTORY.search(text), text
+    for text in ("a test session", "[§5](#5-a-job)", "the run. A job", "run ECS", "rounds up"):
+        assert not HISTORY.search(text), text
+
+
+def test_the_index_names_every_page() -> None:
+    index = (ROOT / "docs" / "README.md").read_text()
+    linked = {target.partition("#")[0] for target in LINK.findall(index)}
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"README.md"}
+    assert pages <= linked, f"docs/README.md does not link {sorted(pages - linked)}"
+
+
+KINDS = ("*Tutorial", "*How-to", "*Reference", "*Explanation", "*Benchmarks")
+
+
+@pytest.mark.parametrize(
+    "page",
+    [p for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "README.md"],
+    ids=lambda p: p.name,
+)
+def test_each_page_says_which_kind_it_is(page: Path) -> None:
+    """The index promises that each page's first line under its title names its kind."""
+    first = next(line for _, line in prose(page)[1:] if line.strip())
+    assert first.startswith(KINDS), f"{page.name} begins {first[:40]!r}, not one of {KINDS}"
