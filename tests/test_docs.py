@@ -141,6 +141,19 @@ def test_pages_state_behaviour_not_history(page: Path) -> None:
     assert not found, found
 
 
+def test_code_states_behaviour_not_history() -> None:
+    """Docstrings and comments speak of the project as it is, as the pages do."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {match.group(0).strip()!r}"
+        for path in CODE
+        if path.name != "test_docs.py"  # its own examples of what is refused
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for match in HISTORY.finditer(URL.sub("", line))
+        if not re.search(r"``[^`]*" + re.escape(match.group(0).strip()), line)  # code, quoted
+    ]
+    assert not found, found
+
+
 def test_history_guard_catches_the_notebook_forms() -> None:
     for text in (
         "since session 48",
