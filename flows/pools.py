@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -91,8 +92,9 @@ class PoolTarget(Protocol):
 
 
 def pool_of(spec: JobSpec) -> LocalPool | WorkPool:
-    """The pool ``compute.pool`` names, not yet opened: no server is asked anything."""
-    return LocalPool(spec.compute.workers) if spec.compute.pool == LOCAL_POOL else WorkPool(spec)
+    """The pool ``compute.pool`` names, not yet opened: no server is asked anything. A name
+    of :data:`MACHINE_POOLS` is this machine's; any other, a Prefect work pool's."""
+    return MACHINE_POOLS.get(spec.compute.pool, WorkPool)(spec)
 
 
 class LocalPool(PoolTarget):
@@ -100,15 +102,15 @@ class LocalPool(PoolTarget):
     processes, which share the CPU cores; a trial's segment takes CUDA devices of its own
     while it runs, when there are any.
 
-    Args:
-        workers: Segments at once (``compute.workers``): each worker's torch gets that share
-            of this machine's threads.
+    ``compute.workers`` segments train at once, each worker's torch with that share of this
+    machine's threads.
     """
 
     name = LOCAL_POOL
     queues: ClassVar[bool] = False
 
-    def __init__(self, workers: int):
+    def __init__(self, spec: JobSpec):
+        workers = spec.compute.workers
         self.devices = cuda_devices()
         self.backend = PoolBackend("none", [])  # nothing to size: the machine is there
         self._threads = max(1, torch.get_num_threads() // workers)
@@ -169,6 +171,10 @@ class WorkPool:
 
     def fork_here(self) -> None:
         return None  # the pool's nodes train; the driver has no workers to fork
+
+
+# Pools by the name ``compute.pool`` gives them; every other name is a Prefect work pool's.
+MACHINE_POOLS: dict[str, Callable[[JobSpec], LocalPool]] = {LOCAL_POOL: LocalPool}
 
 
 @dataclass(frozen=True)
