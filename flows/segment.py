@@ -46,6 +46,7 @@ from prefect.task_worker import StopTaskWorker, TaskWorker
 from prefect.tasks import Task
 
 from elastune.flows.collector import exit_uncollected
+from elastune.infra import artifact_storage  # noqa: F401  (its block type, for Block.aload)
 from elastune.infra.warm_nodes import HEARTBEAT_SECONDS, Node
 from elastune.planners.search import Segment
 from elastune.planners.staging.devices import LocalDevices
