@@ -18,14 +18,23 @@ import threading
 
 import requests
 from prefect.filesystems import WritableFileSystem
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
-# One session per process: its connections are kept alive between segments.
+# One session per thread: its connections are kept alive between segments.
 _session = threading.local()
+
+
+# A server that restarts is waited for, as MLflow's own client does (about 2 minutes).
+RETRY = Retry(total=7, backoff_factor=1, status_forcelist=(502, 503, 504), allowed_methods=None)
 
 
 def _http() -> requests.Session:
     if not hasattr(_session, "value"):
-        _session.value = requests.Session()
+        session = requests.Session()
+        session.mount("http://", HTTPAdapter(max_retries=RETRY))
+        session.mount("https://", HTTPAdapter(max_retries=RETRY))
+        _session.value = session
     return _session.value
 
 
@@ -48,12 +57,14 @@ class MlflowArtifacts(WritableFileSystem):
         user = os.environ.get("MLFLOW_TRACKING_USERNAME")
         return None if user is None else (user, os.environ.get("MLFLOW_TRACKING_PASSWORD", ""))
 
-    def read_path(self, path: str) -> bytes:  # type: ignore[override]
+    # ``_sync``: what Prefect's result store passes to a block's sync methods (it marks a
+    # dispatch to the sync one of a pair; these are sync already).
+    def read_path(self, path: str, _sync: bool = True) -> bytes:  # type: ignore[override]
         response = _http().get(self._url(path), auth=self._auth(), timeout=60)
         response.raise_for_status()
         return response.content
 
-    def write_path(self, path: str, content: bytes) -> str:  # type: ignore[override]
+    def write_path(self, path: str, content: bytes, _sync: bool = True) -> str:  # type: ignore[override]
         response = _http().put(self._url(path), data=content, auth=self._auth(), timeout=60)
         response.raise_for_status()
         return path

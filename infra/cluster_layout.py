@@ -21,7 +21,7 @@ import math
 import os
 import secrets
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastune.infra.cluster_host import HostSpec, Program
@@ -43,6 +43,9 @@ class Layout:
     subnet: str = "10.77.0"
     nodes: int = 3
     gpus_per_node: float = 1.0
+    # More environment for every host, each value's "{folder}" its own folder (tests: where
+    # a test trainable logs what it trains).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def node_names(self) -> list[str]:
@@ -141,6 +144,7 @@ def host_env(layout: Layout, host: str) -> dict[str, str]:
     """A host's environment, less its secrets: its own folders, the cluster's services."""
     folder = layout.folder(host)
     return {
+        "ELASTUNE_HOST": host,
         "HOME": str(folder),
         "TMPDIR": str(folder / "tmp"),
         "PREFECT_HOME": str(folder / "prefect"),
@@ -152,6 +156,7 @@ def host_env(layout: Layout, host: str) -> dict[str, str]:
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "MLFLOW_TRACKING_URI": layout.mlflow_uri,
         "PYTHONPATH": str(layout.code),
+        **{key: value.replace("{folder}", str(folder)) for key, value in layout.env.items()},
     }
 
 
@@ -165,6 +170,7 @@ def services_programs(layout: Layout) -> list[Program]:
     folder, address = layout.folder(SERVICES), layout.address(SERVICES)
     python = [sys.executable, "-m"]
     postgres = str(postgres_bin() / "postgres")
+    auth = {"MLFLOW_AUTH_CONFIG_PATH": str(folder / "basic_auth.ini")}
     return [
         Program(
             "postgres",
@@ -188,6 +194,14 @@ def services_programs(layout: Layout) -> list[Program]:
             [*python, "elastune.infra.cluster_setup", "database", str(folder / "pg-socket")],
             once=True,
         ),
+        # MLflow's users before its server's workers start: each would otherwise make
+        # them, side by side.
+        Program(
+            "mlflow-users",
+            [*python, "elastune.infra.cluster_setup", "mlflow-users"],
+            env=auth,
+            once=True,
+        ),
         Program(
             "prefect",
             [*python, "elastune.infra.prefect_app", "--host", address, "--port", str(PREFECT_PORT)],
@@ -201,7 +215,7 @@ def services_programs(layout: Layout) -> list[Program]:
                 "mlflow",
                 "server",
                 "--app-name",
-                "basic-auth",
+                "elastune-fenced",  # basic-auth, fenced: tasks/fence.py
                 "--backend-store-uri",
                 f"postgresql://mlflow@127.0.0.1:{POSTGRES_PORT}/mlflow",
                 "--artifacts-destination",
@@ -213,7 +227,7 @@ def services_programs(layout: Layout) -> list[Program]:
                 "--workers",
                 "2",
             ],
-            env={"MLFLOW_AUTH_CONFIG_PATH": str(folder / "basic_auth.ini")},
+            env=auth,
             health=f"{layout.mlflow_uri}/health",
         ),
         Program(

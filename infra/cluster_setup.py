@@ -4,6 +4,7 @@ between its services, with the host's secrets in the environment:
 - ``database``: PostgreSQL's roles and databases, one each for Prefect, MLflow and Optuna,
   each role with its own password (``ELASTUNE_PG_<ROLE>``), created over the server's Unix
   socket, which only root and ``postgres`` may open;
+- ``mlflow-users``: the database of MLflow's accounts, and its admin;
 - ``services``: MLflow's account for the cluster's hosts (``MLFLOW_TRACKING_USERNAME``),
   made by the admin, and the warm pool whose segment parameters go through MLflow's
   artifact proxy (:class:`elastune.infra.artifact_storage.MlflowArtifacts`).
@@ -71,6 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     step, *args = argv or sys.argv[1:]
     if step == "database":
         create_databases(*args)
+    elif step == "mlflow-users":
+        from mlflow.server.auth import bootstrap_admin_user
+
+        bootstrap_admin_user()  # its database, and the admin (MLFLOW_AUTH_ADMIN_PASSWORD)
     elif step == "services":
         pool, tracking_uri = args
         create_mlflow_user(tracking_uri)

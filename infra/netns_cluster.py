@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from elastune.infra.cluster_host import read_secrets, secrets_text, write_private
@@ -70,14 +71,7 @@ def default_root(name: str) -> Path:
 def layout_of(root: Path) -> Layout:
     """The layout of the cluster whose folder is ``root`` (written by :func:`up`)."""
     data = json.loads((root / "cluster.json").read_text())
-    return Layout(
-        data["name"],
-        Path(data["root"]),
-        Path(data["code"]),
-        data["subnet"],
-        data["nodes"],
-        data["gpus_per_node"],
-    )
+    return Layout(**{**data, "root": Path(data["root"]), "code": Path(data["code"])})
 
 
 def refusal(layout: Layout) -> str | None:
@@ -115,16 +109,7 @@ def lay_out(layout: Layout) -> None:
     """The namespaces, folders, secrets and PostgreSQL's data folder of a new cluster."""
     layout.root.mkdir(parents=True, mode=0o711)
     (layout.root / "cluster.json").write_text(
-        json.dumps(
-            {
-                "name": layout.name,
-                "root": str(layout.root),
-                "code": str(layout.code),
-                "subnet": layout.subnet,
-                "nodes": layout.nodes,
-                "gpus_per_node": layout.gpus_per_node,
-            }
-        )
+        json.dumps({**asdict(layout), "root": str(layout.root), "code": str(layout.code)})
     )
     net = Net(layout.name)
     net.make_switch()
@@ -196,14 +181,24 @@ def wait_nodes(layout: Layout) -> None:
         raise ClusterError(f"node workers did not come up: {done.stderr.strip()[-300:]}")
 
 
+def host_command(
+    layout: Layout, host: str, command: list[str], env: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run ``command`` on ``host``, with the host's
+    environment and secrets, and ``env`` (each value's "{folder}" the host's folder)."""
+    folder = layout.folder(host)
+    extra = {key: value.replace("{folder}", str(folder)) for key, value in (env or {}).items()}
+    secrets = read_secrets(folder / "secrets.env")
+    full = {**os.environ, **host_env(layout, host), **secrets, **extra}
+    return ["ip", "netns", "exec", Net(layout.name).namespace(host), *command], full
+
+
 def run(
-    layout: Layout, host: str, command: list[str], capture: bool = False, **popen: object
+    layout: Layout, host: str, command: list[str], capture: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """Run ``command`` on ``host`` with the host's environment and secrets."""
-    folder = layout.folder(host)
-    env = {**os.environ, **host_env(layout, host), **read_secrets(folder / "secrets.env")}
-    argv = ["ip", "netns", "exec", Net(layout.name).namespace(host), *command]
-    return subprocess.run(argv, env=env, capture_output=capture, text=True, check=False, **popen)
+    argv, env = host_command(layout, host, command)
+    return subprocess.run(argv, env=env, capture_output=capture, text=True, check=False)
 
 
 def down(layout: Layout) -> None:

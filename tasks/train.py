@@ -49,6 +49,7 @@ from elastune.planners.staging.devices import LocalDevices
 from elastune.planners.staging.widths import FALLBACK_HINT, profile_widths, width_problem
 from elastune.tasks.context import TrialContext, mix
 from elastune.tasks.distributed import DistContext, DistributedError, run_distributed
+from elastune.tasks.fence import fenced
 from elastune.tasks.spool import Spool
 from elastune.tasks.tracking import Tracker, shared_tracker
 from elastune.tasks.trainable import Trainable, TrainableError, load_trainable, supports_distributed
@@ -168,17 +169,40 @@ def train_segment(
     """A segment of the local pool, run by one of ``workers`` (wider than 1, on ranks that
     worker starts). Local segments keep their checkpoints on this machine until they end
     (tasks/spool.py)."""
+    return train_in_worker(workers, job, segment, config, run_id, gpu_ids, spool=True)
+
+
+def train_in_worker(
+    workers: LocalWorkers,
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    gpu_ids: Sequence[int] | None = None,
+    spool: bool = False,
+    report_lost: bool = False,
+    fence: str | None = None,
+) -> SegmentReport:
+    """:func:`run_segment` in one of ``workers``: a local job's segments and a warm node's.
+    A worker that dies fails the segment (``report_lost``: its report is kept in MLflow
+    here, where a warm node's driver reads it); one whose segment failed is retired.
+    ``fence``: the launch's token (tasks/fence.py)."""
     # The segment's own time limit ends it in the worker (run_segment); this one ends a
     # worker stuck past it.
     limit = job.segment_timeout
     with workers.worker() as worker:
         try:
             report = worker.call(
-                run_segment, job, segment, config, run_id, gpu_ids=gpu_ids, spool=True,
-                timeout=None if limit is None else limit + 2 * GIVE_UP_GRACE_SECONDS,
+                run_segment, job, segment, config, run_id, gpu_ids=gpu_ids, spool=spool,
+                fence=fence, timeout=None if limit is None else limit + 2 * GIVE_UP_GRACE_SECONDS,
             )  # fmt: skip
         except WorkerDied as exc:
-            return SegmentReport.failure(segment, str(exc))
+            report = SegmentReport.failure(segment, str(exc))
+            if report_lost:
+                tracker = shared_tracker(job.mlflow_uri, job.experiment)
+                with fenced(fence):
+                    tracker.save_report(run_id, report_name(segment), report.to_dict())
+            return report
         if report.result.failed:
             # Its trainable may have left the process broken (a CUDA error poisons the
             # process's context) or still running (past its limit, in a C call).
@@ -202,6 +226,7 @@ def run_segment(
     device: str | None = None,
     gpu_ids: Sequence[int] | None = None,
     spool: bool = False,
+    fence: str | None = None,
 ) -> SegmentReport:
     """Train ``segment`` at its width and keep its report in MLflow. A trainable that raises,
     runs over ``job.segment_timeout`` or that this worker cannot import yields a failed
@@ -217,7 +242,22 @@ def run_segment(
         spool: Keep a single-process segment's checkpoints on this machine and hand the
             newest to MLflow when it ends (:class:`elastune.tasks.spool.Spool`): for segments whose
             retry runs on this machine too (the local pool).
+        fence: This launch's token: its writes to MLflow carry it, and the tracking server
+            refuses them once the driver has given up on the launch (tasks/fence.py).
     """
+    with fenced(fence):
+        return _run_segment(job, segment, config, run_id, device, gpu_ids, spool)
+
+
+def _run_segment(
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    device: str | None,
+    gpu_ids: Sequence[int] | None,
+    spool: bool,
+) -> SegmentReport:
     tracker = shared_tracker(job.mlflow_uri, job.experiment)
     began = time.perf_counter()
     try:
