@@ -201,14 +201,18 @@ class Fault:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
-def started_epoch(layout: Any, job: str, count: int = 3, epoch: int = 2) -> Epoch:
-    """The ``count``-th epoch ``epoch`` begun in the job, once it has begun."""
+def started_epoch(layout: Any, job: str, since: float | None) -> Epoch:
+    """The job's third epoch 2 (``since`` None: a first fault), or else the first epoch
+    begun after ``since`` on a node that does not run the job's driver; once begun."""
 
     def begun() -> Epoch | None:
-        found = [e for e in epochs(layout, job) if e.epoch == epoch]
-        return found[count - 1] if len(found) >= count else None
+        found = epochs(layout, job)
+        if since is None:
+            found = [e for e in found if e.epoch == 2]
+            return found[2] if len(found) >= 3 else None
+        return next((e for e in found if e.at > since and e.host != RESUMING), None)
 
-    return wait_for(begun, TIMEOUT, f"epoch {epoch} begun {count} times")
+    return wait_for(begun, TIMEOUT, "an epoch begun")
 
 
 def supervised_pid(layout: Any, host: str, program: str) -> int:
@@ -232,11 +236,12 @@ def kill_program(layout: Any, host: str, program: str) -> int:
     return pid
 
 
-def inject(fault: str, layout: Any, running: Running, folder: Path) -> Fault:
-    """Inject ``fault`` into the job once its third epoch 2 has begun."""
+def inject(fault: str, layout: Any, running: Running, since: float | None) -> Fault:
+    """Inject ``fault`` into the job once its third epoch 2 has begun (a first fault), or
+    else the first epoch begun after ``since``."""
     from elastune.infra.netns import Net
 
-    target = started_epoch(layout, running.name)
+    target = started_epoch(layout, running.name, since)
     hit = Fault(fault, target.host, target.pid, time.time())
     if fault in ("link", "late-node"):
         Net(layout.name).cut(target.host)
@@ -245,7 +250,7 @@ def inject(fault: str, layout: Any, running: Running, folder: Path) -> Fault:
             e for e in epochs(layout, running.name)
             if e.trial == target.trial and e.host != target.host and e.at > hit.at
         ]  # fmt: skip
-        wait_for(relaunched, 60, f"trial {target.trial} relaunched off {target.host}")
+        wait_for(relaunched, 120, f"trial {target.trial} relaunched off {target.host}")
         if fault == "link":
             Net(layout.name).mend(target.host)
     elif fault == "worker":
@@ -253,24 +258,27 @@ def inject(fault: str, layout: Any, running: Running, folder: Path) -> Fault:
     elif fault in ("prefect", "mlflow"):
         hit.host, hit.pid = "services", kill_program(layout, "services", fault)
     elif fault == "driver":
-        hit.notes["job_id"] = running.job_id()
+        hit.host, hit.notes["job_id"] = "driver", running.job_id()
         os.killpg(running.process.pid, signal.SIGKILL)
         running.process.wait()
+        running.process = resume(layout, hit.notes["job_id"])
     return hit
 
 
-def resumed(layout: Any, running: Running, job_id: str) -> dict[str, Any]:
-    """``elastune resume`` of the killed driver's job, run from node-2's host."""
+RESUMING = "node-2"  # where a killed driver's job is resumed from
+
+
+def resume(layout: Any, job_id: str) -> subprocess.Popen:
+    """``elastune resume`` of a killed driver's job, run from :data:`RESUMING`'s host."""
     from elastune.infra.netns_cluster import host_command
 
     command = [sys.executable, "-m", "elastune.flows.cli", "resume", job_id, "--json"]
     command += ["--storage", layout.optuna_storage]
-    argv, env = host_command(layout, "node-2", command)
-    process = subprocess.Popen(
+    argv, env = host_command(layout, RESUMING, command)
+    return subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
-    return finish(Running(running.name, process, running.began))
 
 
 def fenced_writes(layout: Any, host: str) -> int:
@@ -297,41 +305,42 @@ def late_node(layout: Any, running: Running, hit: Fault) -> None:
 # --- a run and its checks -----------------------------------------------------------------
 
 
-def run_job(layout: Any, folder: Path, name: str, fault: str | None) -> dict[str, Any]:
-    """The job, with ``fault`` injected mid-job; its summary, what the fault hit, and the
-    checks that need the cluster as the job left it."""
+def run_job(layout: Any, folder: Path, name: str, faults: tuple[str, ...] = ()) -> dict:
+    """The job, with ``faults`` injected mid-job one after the other; its summary, what
+    the faults hit, and what MLflow holds."""
     running = start_job(layout, folder, name)
     refused_before = {h: fenced_writes(layout, h) for h in layout.node_names}
-    hit = None if fault is None else inject(fault, layout, running, folder)
-    if fault == "driver":
-        summary = resumed(layout, running, hit.notes["job_id"])
-    else:
-        summary = finish(running)
+    hits: list[Fault] = []
+    for fault in faults:
+        hits.append(inject(fault, layout, running, hits[-1].at if hits else None))
+    summary = finish(running)
     seconds = time.monotonic() - running.began
-    before_late = metric_steps(layout, name)
-    if fault == "late-node":
+    late = [hit for hit in hits if hit.name == "late-node"]
+    before_late = metric_steps(layout, name) if late else None
+    for hit in late:
         late_node(layout, running, hit)
     steps = metric_steps(layout, name)
     return {
         "summary": summary,
         "seconds": seconds,
-        "hit": hit,
+        "hits": hits,
         "steps": steps,
-        "changed_after_end": steps != before_late,
+        "changed_after_end": before_late is not None and steps != before_late,
         "fenced": sum(fenced_writes(layout, h) - refused_before[h] for h in layout.node_names),
     }
 
 
-def retrained(layout: Any, name: str, hit: Fault | None) -> list[str]:
-    """Epochs trained twice other than work lost on the failed node or process (one begun
-    there at or after the fault, or the one it was in when the fault came)."""
+def retrained(layout: Any, name: str, hits: list[Fault]) -> list[str]:
+    """Epochs trained twice other than work lost on a failed node or process (one begun
+    there at or after its fault, or the one it was in when the fault came)."""
     seen = Counter((e.trial, e.epoch) for e in epochs(layout, name))
     wrong = []
     for trial, epoch in (key for key, count in seen.items() if count > 1):
         runs = [e for e in epochs(layout, name) if (e.trial, e.epoch) == (trial, epoch)]
         for lost in runs[:-1]:
-            on_failed = hit is not None and lost.host == hit.host
-            if not (on_failed and lost.at >= hit.at - 2 * epoch_seconds()):
+            if not any(
+                lost.host == hit.host and lost.at >= hit.at - 2 * epoch_seconds() for hit in hits
+            ):
                 wrong.append(f"trial {trial} epoch {epoch} on {lost.host}")
     return wrong
 
@@ -348,7 +357,7 @@ def checks(result: dict[str, Any], baseline: dict[str, Any] | None, name: str, l
         "completed": summary.get("trials") == TRIALS,
         "best": best,
         "best_as_fault_free": baseline is None or best == baseline["summary"]["best"]["metric"],
-        "retrained_outside_lost_work": retrained(layout, name, result["hit"]),
+        "retrained_outside_lost_work": retrained(layout, name, result["hits"]),
         "each_epoch_metric_once": all(
             steps == list(range(1, EPOCHS + 1)) for steps in result["steps"].values()
         )
@@ -418,9 +427,10 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        cost = "-" if r["cost_seconds"] is None else r["cost_seconds"]
         lines.append(
-            f"| {r['fault']} | {r['seconds']} | {r['cost_seconds'] if r['cost_seconds'] is not None else '-'} "
-            f"| {r['completed']} | {r['best_as_fault_free']} ({r['best']:.4f}) "
+            f"| {r['fault']} | {r['seconds']} | {cost} | {r['completed']} "
+            f"| {r['best_as_fault_free']} ({r['best']:.4f}) "
             f"| {len(r['retrained_outside_lost_work'])} | {r['each_epoch_metric_once']} "
             f"| {r['fenced_writes']} | {passed(r)} |"
         )
@@ -447,10 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with cluster(layout):
         folder = layout.folder("driver")
-        baseline = run_job(layout, folder, "fault-free", None)
+        baseline = run_job(layout, folder, "fault-free")
         rows.append(row("fault-free", baseline, None, layout))
         for fault in faults:
-            rows.append(row(fault, run_job(layout, folder, fault, fault), baseline, layout))
+            rows.append(row(fault, run_job(layout, folder, fault, (fault,)), baseline, layout))
     left = leftovers(layout)
     print(table(rows))
     print(f"left behind after down: {left or 'nothing'}")
