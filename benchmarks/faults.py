@@ -201,12 +201,14 @@ class Fault:
     notes: dict[str, Any] = field(default_factory=dict)
 
 
-def started_epoch(layout: Any, job: str, since: float | None) -> Epoch:
+def started_epoch(layout: Any, running: Running, since: float | None) -> Epoch:
     """The job's third epoch 2 (``since`` None: a first fault), or else the first epoch
     begun after ``since`` on a node that does not run the job's driver; once begun."""
 
     def begun() -> Epoch | None:
-        found = epochs(layout, job)
+        if running.process.poll() is not None:
+            raise AssertionError(f"the job ended before its fault: {running.process.stderr.read()}")
+        found = epochs(layout, running.name)
         if since is None:
             found = [e for e in found if e.epoch == 2]
             return found[2] if len(found) >= 3 else None
@@ -241,7 +243,7 @@ def inject(fault: str, layout: Any, running: Running, since: float | None) -> Fa
     else the first epoch begun after ``since``."""
     from elastune.infra.netns import Net
 
-    target = started_epoch(layout, running.name, since)
+    target = started_epoch(layout, running, since)
     hit = Fault(fault, target.host, target.pid, time.time())
     if fault in ("link", "late-node"):
         Net(layout.name).cut(target.host)

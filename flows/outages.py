@@ -4,7 +4,10 @@
 - *The Prefect server is unreachable* (it restarts, the driver's link is down): the driver
   waits for it, at most :data:`OUTAGE_SECONDS`, instead of failing the segments it was
   launching or waiting on; nodes are not judged by heartbeats the server could not take
-  until they have had :data:`LIVE_SECONDS` to beat again.
+  until they have had :data:`LIVE_SECONDS` to beat again, and a node is given up on only
+  once it has stayed silent :data:`LIVE_SECONDS` past its first missed beat.
+- *A run scheduled before the server died* is not sent to its node by the restarted server
+  (Prefect queues background runs in memory): the driver launches it again.
 - *A node is given up on* (its heartbeats stopped, or it was restarted): the driver fences
   the segment's trial run (tasks/fence.py), so the launch it gave up on writes nothing more
   to MLflow, and then reads the segment's report: one saved before the fence means the
@@ -57,13 +60,39 @@ class Outage:
             raise exc
         time.sleep(pause)
 
-    def answered(self) -> None:
-        if self.since is not None:
+    def answered(self, slow: bool = False) -> None:
+        """The server answered (``slow``: only after its client had retried for a while)."""
+        if self.since is not None or slow:
             self.since, self.ended = None, time.monotonic()
 
     def settling(self) -> bool:
         """Has the server answered again too recently for nodes to have beaten since?"""
         return time.monotonic() - self.ended < LIVE_SECONDS
+
+    def lost_queue(self) -> bool:
+        """Was the server away long enough ago that a run still scheduled now was lost with
+        its queue? Prefect's server queues background runs in memory: one scheduled but not
+        yet sent to its worker when the server died is never sent."""
+        away = self.ended != -float("inf")
+        return away and time.monotonic() - self.ended > 3 * LIVE_SECONDS
+
+
+class Silence:
+    """A node's silence as one waiter sees it: the node is dead once it has been seen
+    without a live heartbeat for :data:`LIVE_SECONDS` more, not at the first look (a
+    heartbeat the server missed while it restarted, or a node slow to send one under load,
+    is no death)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def dead(self, beating: bool) -> bool:
+        if beating:
+            self.since = None
+            return False
+        now = time.monotonic()
+        self.since = now if self.since is None else self.since
+        return now - self.since > LIVE_SECONDS
 
 
 def now_ms() -> int:

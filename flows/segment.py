@@ -3,8 +3,9 @@
 Warm workers (docs/prefect-server.md, "A job in work-pool mode"): each node runs one
 long-lived Prefect task worker, ``python -m elastune.flows.segment --pool POOL --node NAME --gpus
 G``, that serves the background task ``warm-segment`` under a task key of its own
-(:func:`node_key`), so the driver decides which node a segment goes to. Segments run in
-threads of that process: imports, data and a CUDA context are paid once per node. A segment
+(:func:`node_key`), so the driver decides which node a segment goes to. Each segment trains
+in a worker process forked from the node (tasks/workers.py): imports are paid once per node,
+and a worker, with its data and CUDA context, is kept for the next segment. A segment
 the driver queued behind others waits for the node's GPUs (:class:`GpuGate`). The
 node also heartbeats to the work pool as a Prefect worker named after itself, its GPUs and
 its process (:class:`Node`): that is how the driver finds live nodes and notices a dead
@@ -52,6 +53,7 @@ from elastune.infra.warm_nodes import HEARTBEAT_SECONDS, Node
 from elastune.planners.search import Segment
 from elastune.planners.staging.devices import LocalDevices
 from elastune.planners.staging.placement import fits
+from elastune.tasks.fence import fenced_call
 from elastune.tasks.train import (
     JobRef,
     cuda_devices,
@@ -140,11 +142,9 @@ def warm_segment(
             ids = None if _devices is None else _devices.take(segment.trial, segment.gpus)
         try:
             if _workers is None:  # a test's worker, in this process
-                run_segment(job, segment, config, run_id, gpu_ids=ids, fence=fence)
+                fenced_call(fence, run_segment, job, segment, config, run_id, gpu_ids=ids)
                 return
-            train_in_worker(
-                _workers, job, segment, config, run_id, ids, report_lost=True, fence=fence
-            )
+            train_in_worker(_workers, job, segment, config, run_id, ids, fence=fence)
         finally:
             if _devices is not None:
                 release_devices(_devices, _devices_lock, segment.trial, run_id)

@@ -34,7 +34,7 @@ from prefect.states import Crashed, State
 from prefect.tasks import Task
 from prefect.utilities.asyncutils import run_coro_as_sync
 
-from elastune.flows.outages import Outage, give_up, now_ms, unreachable
+from elastune.flows.outages import Outage, Silence, give_up, now_ms, unreachable
 from elastune.flows.segment import (
     WorkerLost,
     keyed,
@@ -45,6 +45,7 @@ from elastune.infra.backends import make_backend
 from elastune.infra.sizing import InfraError, PoolBackend
 from elastune.infra.warm_nodes import (
     HEARTBEAT_SECONDS,
+    LIVE_SECONDS,
     WARM_TYPE,
     Node,
     draining_nodes,
@@ -283,8 +284,9 @@ def await_warm(
     deadline = None if timeout is None else time.monotonic() + timeout + 10 * POLL_SECONDS
     future: PrefectDistributedFuture[None] = PrefectDistributedFuture(run)
     seen: set[int] | None = None  # the node's incarnations alive while the run ran
-    outage, looked = Outage(), time.monotonic()
+    outage, looked, silent = Outage(), time.monotonic(), Silence()
     while True:
+        began = time.monotonic()
         try:
             state = run_state(future)
             alive = {n.pid for n in pool.placer.alive() if n.name == node}
@@ -293,14 +295,18 @@ def await_warm(
                 raise
             outage.wait(exc, POLL_SECONDS)
             continue
-        outage.answered()
+        # A read the client retried for seconds met a server that was away, as one that
+        # failed did.
+        outage.answered(slow=time.monotonic() - began > LIVE_SECONDS)
         if state is None or outage.settling():
             continue
         if state.is_final():
             return True
+        if state.is_scheduled() and outage.lost_queue():
+            raise WorkerLost(f"its run on node {node} was lost with the server's queue")
         if seen is None and state.is_running():
             seen = alive
-        if not (alive if seen is None else alive & seen):
+        if silent.dead(bool(alive if seen is None else alive & seen)):
             with get_client(sync_client=True) as client:
                 client.set_task_run_state(run, Crashed(message=f"node {node} died"), force=True)
             raise WorkerLost(f"node {node} of warm pool {pool.name!r} died under the segment")

@@ -69,6 +69,12 @@ def fenced(value: str | None) -> Iterator[None]:
         _token.reset(reset)
 
 
+def fenced_call(value: str | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` :func:`fenced` by ``value`` (in a worker process)."""
+    with fenced(value):
+        return fn(*args, **kwargs)
+
+
 def relaunched() -> bool:
     """Is this context writing for a relaunched segment (attempt 2 or later)? Such a
     segment may retrain epochs whose metrics a launch given up on had already logged."""

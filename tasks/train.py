@@ -2,9 +2,8 @@
 
 A segment runs at its width ``Segment.gpus`` (docs/algorithms.md §6, elastic trials):
 
-* ``g > 1``: ``g`` data-parallel processes (:func:`elastune.tasks.distributed.run_distributed`: gloo
-on
-  CPU, NCCL on CUDA with one GPU per process). Only a trainable that declares it supports
+* ``g > 1``: ``g`` data-parallel processes (:func:`elastune.tasks.distributed.run_distributed`:
+  gloo on CPU, NCCL on CUDA with one GPU per process). Only a trainable that declares it supports
   this (``train.distributed = True``, see :func:`elastune.tasks.trainable.supports_distributed`) is
   run so.
 * ``g = 1``: the trainable runs in one process, on ``cuda`` when there is one: a worker
@@ -27,16 +26,13 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
-import os
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-import torch
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
@@ -48,8 +44,9 @@ from elastune.planners.spec import JobSpec, SpecError
 from elastune.planners.staging.devices import LocalDevices
 from elastune.planners.staging.widths import FALLBACK_HINT, profile_widths, width_problem
 from elastune.tasks.context import TrialContext, mix
+from elastune.tasks.devices import cuda_devices, mps_running
 from elastune.tasks.distributed import DistContext, DistributedError, run_distributed
-from elastune.tasks.fence import fenced
+from elastune.tasks.fence import fenced, fenced_call
 from elastune.tasks.spool import Spool
 from elastune.tasks.tracking import Tracker, shared_tracker
 from elastune.tasks.trainable import Trainable, TrainableError, load_trainable, supports_distributed
@@ -180,32 +177,29 @@ def train_in_worker(
     run_id: str,
     gpu_ids: Sequence[int] | None = None,
     spool: bool = False,
-    report_lost: bool = False,
     fence: str | None = None,
 ) -> SegmentReport:
-    """:func:`run_segment` in one of ``workers``: a local job's segments and a warm node's.
-    A worker that dies fails the segment (``report_lost``: its report is kept in MLflow
-    here, where a warm node's driver reads it); one whose segment failed is retired.
-    ``fence``: the launch's token (tasks/fence.py)."""
-    # The segment's own time limit ends it in the worker (run_segment); this one ends a
-    # worker stuck past it.
-    limit = job.segment_timeout
+    """:func:`run_segment` in one of ``workers`` (a local job's segments, a warm node's), its
+    MLflow writes carrying ``fence`` (tasks/fence.py). A worker that dies fails the segment
+    (not spooled, its report is kept in MLflow, where a warm node's driver reads it); one
+    whose segment failed is retired: its process may be broken (a CUDA error poisons its
+    context) or its trainable still running (past its limit, in a C call)."""
+    limit = job.segment_timeout  # this one ends a worker stuck past the segment's own
     with workers.worker() as worker:
         try:
             report = worker.call(
-                run_segment, job, segment, config, run_id, gpu_ids=gpu_ids, spool=spool,
-                fence=fence, timeout=None if limit is None else limit + 2 * GIVE_UP_GRACE_SECONDS,
+                fenced_call, fence, run_segment, job, segment, config, run_id, gpu_ids=gpu_ids,
+                spool=spool, timeout=None if limit is None else limit + 2 * GIVE_UP_GRACE_SECONDS,
             )  # fmt: skip
         except WorkerDied as exc:
             report = SegmentReport.failure(segment, str(exc))
-            if report_lost:
-                tracker = shared_tracker(job.mlflow_uri, job.experiment)
+            if not spool:
                 with fenced(fence):
-                    tracker.save_report(run_id, report_name(segment), report.to_dict())
+                    shared_tracker(job.mlflow_uri, job.experiment).save_report(
+                        run_id, report_name(segment), report.to_dict()
+                    )
             return report
         if report.result.failed:
-            # Its trainable may have left the process broken (a CUDA error poisons the
-            # process's context) or still running (past its limit, in a C call).
             worker.retire()
     return report
 
@@ -226,7 +220,6 @@ def run_segment(
     device: str | None = None,
     gpu_ids: Sequence[int] | None = None,
     spool: bool = False,
-    fence: str | None = None,
 ) -> SegmentReport:
     """Train ``segment`` at its width and keep its report in MLflow. A trainable that raises,
     runs over ``job.segment_timeout`` or that this worker cannot import yields a failed
@@ -242,22 +235,7 @@ def run_segment(
         spool: Keep a single-process segment's checkpoints on this machine and hand the
             newest to MLflow when it ends (:class:`elastune.tasks.spool.Spool`): for segments whose
             retry runs on this machine too (the local pool).
-        fence: This launch's token: its writes to MLflow carry it, and the tracking server
-            refuses them once the driver has given up on the launch (tasks/fence.py).
     """
-    with fenced(fence):
-        return _run_segment(job, segment, config, run_id, device, gpu_ids, spool)
-
-
-def _run_segment(
-    job: JobRef,
-    segment: Segment,
-    config: dict[str, Any],
-    run_id: str,
-    device: str | None,
-    gpu_ids: Sequence[int] | None,
-    spool: bool,
-) -> SegmentReport:
     tracker = shared_tracker(job.mlflow_uri, job.experiment)
     began = time.perf_counter()
     try:
@@ -509,25 +487,3 @@ def _logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
         return get_run_logger()
     except MissingContextError:  # called outside a Prefect run (tests, a plain script)
         return logging.getLogger("elastune")
-
-
-def cuda_devices() -> int | None:
-    """CUDA devices on this machine; None without CUDA (data-parallel ranks are then CPU
-    processes, as many as asked for)."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else None
-
-
-def mps_running() -> bool:
-    """Is an NVIDIA MPS control daemon serving this machine? While it runs, its pid is in
-    ``nvidia-cuda-mps-control.pid`` in ``$CUDA_MPS_PIPE_DIRECTORY`` (default
-    ``/tmp/nvidia-mps``). Its ``control`` socket outlives a daemon that quit, and the pid
-    file one that was killed, so the pid must also be a live process."""
-    pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-    try:
-        pid = int(Path(pipes, "nvidia-cuda-mps-control.pid").read_text())
-        os.kill(pid, 0)  # signal 0: does the process exist?
-    except PermissionError:  # it exists, run by another user
-        return True
-    except (OSError, ValueError):
-        return False
-    return True
