@@ -50,7 +50,7 @@ from elastune.infra.cluster_layout import (
     services_secrets,
 )
 from elastune.infra.netns import Net, NetnsError, can_make_namespaces
-from elastune.infra.postgres import ensure_postgres, initdb
+from elastune.infra.postgres import PostgresError, ensure_postgres, initdb
 
 DEFAULT_NAME = "elastune"
 READY_TIMEOUT = 300.0
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root or default_root(args.name)
     try:
         return act(args, root)
-    except (ClusterError, NetnsError) as exc:
+    except (ClusterError, NetnsError, PostgresError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, Refused) else 1
 

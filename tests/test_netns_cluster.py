@@ -10,6 +10,7 @@ test says why it skips where one is missing.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ def missing() -> str | None:
     cannot = can_make_namespaces()
     if cannot is not None:
         return f"the cluster {cannot}"
-    probe = "elastune-probe"
+    probe = f"elastune-probe-{os.getpid()}"
     if ip("netns", "add", probe, check=False).returncode != 0:
         return "the cluster needs network namespaces (ip netns add failed)"
     ip("netns", "del", probe, check=False)
@@ -46,8 +47,10 @@ needs_cluster = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Layout]:
-    """One cluster for the module, brought down after it; nothing of it may be left."""
-    layout = faults.fault_layout("elastune-test", EPOCH_SECONDS)
+    """One cluster for the module, brought down after it; nothing of it may be left. Named
+    after the test process: should pytest-xdist split the module, each worker has its own."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    layout = faults.fault_layout(f"elastune-test-{worker}", EPOCH_SECONDS)
     with faults.cluster(layout):
         yield layout
     assert faults.leftovers(layout) == []
