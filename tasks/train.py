@@ -187,9 +187,10 @@ def train_in_worker(
     limit = job.segment_timeout  # this one ends a worker stuck past the segment's own
     with workers.worker() as worker:
         try:
+            call = (run_segment,) if fence is None else (fenced_call, fence, run_segment)
             report = worker.call(
-                fenced_call, fence, run_segment, job, segment, config, run_id, gpu_ids=gpu_ids,
-                spool=spool, timeout=None if limit is None else limit + 2 * GIVE_UP_GRACE_SECONDS,
+                *call, job, segment, config, run_id, gpu_ids=gpu_ids, spool=spool,
+                timeout=None if limit is None else limit + 2 * GIVE_UP_GRACE_SECONDS,
             )  # fmt: skip
         except WorkerDied as exc:
             report = SegmentReport.failure(segment, str(exc))
