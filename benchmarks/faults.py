@@ -96,9 +96,9 @@ class Epoch:
     at: float
 
 
-def epochs(layout: Any, job: str) -> list[Epoch]:
-    """Every epoch the nodes began for job ``job`` (each job starts the nodes' logs anew),
-    oldest first."""
+def epochs(layout: Any) -> list[Epoch]:
+    """Every epoch the nodes began for the job running now (each job starts the nodes' logs
+    anew), oldest first."""
     found = []
     for host in layout.node_names:
         path = layout.folder(host) / "epochs.log"
@@ -208,7 +208,7 @@ def started_epoch(layout: Any, running: Running, since: float | None) -> Epoch:
     def begun() -> Epoch | None:
         if running.process.poll() is not None:
             raise AssertionError(f"the job ended before its fault: {running.process.stderr.read()}")
-        found = epochs(layout, running.name)
+        found = epochs(layout)
         if since is None:
             found = [e for e in found if e.epoch == 2]
             return found[2] if len(found) >= 3 else None
@@ -249,7 +249,7 @@ def inject(fault: str, layout: Any, running: Running, since: float | None) -> Fa
         Net(layout.name).cut(target.host)
         # Until the driver has given the segment to another node.
         relaunched = lambda: [  # noqa: E731
-            e for e in epochs(layout, running.name)
+            e for e in epochs(layout)
             if e.trial == target.trial and e.host != target.host and e.at > hit.at
         ]  # fmt: skip
         wait_for(relaunched, 120, f"trial {target.trial} relaunched off {target.host}")
@@ -299,7 +299,7 @@ def late_node(layout: Any, running: Running, hit: Fault) -> None:
     from elastune.infra.netns import Net
 
     Net(layout.name).mend(hit.host)
-    zombie = [e for e in epochs(layout, running.name) if e.host == hit.host and e.at >= hit.at]
+    zombie = [e for e in epochs(layout) if e.host == hit.host and e.at >= hit.at]
     if zombie:  # it trained on while cut off: its next write is its late say
         wait_for(lambda: fenced_writes(layout, hit.host), 120, f"{hit.host}'s writes refused")
 
@@ -323,6 +323,7 @@ def run_job(layout: Any, folder: Path, name: str, faults: tuple[str, ...] = ()) 
         late_node(layout, running, hit)
     steps = metric_steps(layout, name)
     return {
+        "epochs": epochs(layout),
         "summary": summary,
         "seconds": seconds,
         "hits": hits,
@@ -332,13 +333,13 @@ def run_job(layout: Any, folder: Path, name: str, faults: tuple[str, ...] = ()) 
     }
 
 
-def retrained(layout: Any, name: str, hits: list[Fault]) -> list[str]:
+def retrained(began: list[Epoch], hits: list[Fault]) -> list[str]:
     """Epochs trained twice other than work lost on a failed node or process (one begun
     there at or after its fault, or the one it was in when the fault came)."""
-    seen = Counter((e.trial, e.epoch) for e in epochs(layout, name))
+    seen = Counter((e.trial, e.epoch) for e in began)
     wrong = []
     for trial, epoch in (key for key, count in seen.items() if count > 1):
-        runs = [e for e in epochs(layout, name) if (e.trial, e.epoch) == (trial, epoch)]
+        runs = [e for e in began if (e.trial, e.epoch) == (trial, epoch)]
         for lost in runs[:-1]:
             if not any(
                 lost.host == hit.host and lost.at >= hit.at - 2 * epoch_seconds() for hit in hits
@@ -351,15 +352,15 @@ def epoch_seconds() -> float:
     return float(os.environ.get("ELASTUNE_FAULTS_EPOCH", "1"))
 
 
-def checks(result: dict[str, Any], baseline: dict[str, Any] | None, name: str, layout: Any) -> dict:
-    """What the issue asks of a job a fault hit."""
+def checks(result: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
+    """What is asked of a job a fault hit (the module docstring lists it)."""
     summary = result["summary"]
     best = summary["best"]["metric"] if summary.get("best") else None
     return {
         "completed": summary.get("trials") == TRIALS,
         "best": best,
         "best_as_fault_free": baseline is None or best == baseline["summary"]["best"]["metric"],
-        "retrained_outside_lost_work": retrained(layout, name, result["hits"]),
+        "retrained_outside_lost_work": retrained(result["epochs"], result["hits"]),
         "each_epoch_metric_once": all(
             steps == list(range(1, EPOCHS + 1)) for steps in result["steps"].values()
         )
@@ -406,8 +407,8 @@ def leftovers(layout: Any) -> list[str]:
     return left
 
 
-def row(fault: str, result: dict[str, Any], baseline: dict[str, Any] | None, layout: Any) -> dict:
-    found = checks(result, baseline, f"{fault}", layout)
+def row(fault: str, result: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
+    found = checks(result, baseline)
     cost = None if baseline is None else round(result["seconds"] - baseline["seconds"], 1)
     return {"fault": fault, "seconds": round(result["seconds"], 1), "cost_seconds": cost, **found}
 
@@ -460,9 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     with cluster(layout):
         folder = layout.folder("driver")
         baseline = run_job(layout, folder, "fault-free")
-        rows.append(row("fault-free", baseline, None, layout))
+        rows.append(row("fault-free", baseline, None))
         for fault in faults:
-            rows.append(row(fault, run_job(layout, folder, fault, (fault,)), baseline, layout))
+            rows.append(row(fault, run_job(layout, folder, fault, (fault,)), baseline))
     left = leftovers(layout)
     print(table(rows))
     print(f"left behind after down: {left or 'nothing'}")
