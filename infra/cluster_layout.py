@@ -155,8 +155,9 @@ def host_env(layout: Layout, host: str) -> dict[str, str]:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_LOGGING_LEVEL": "WARNING",
         "MLFLOW_TRACKING_URI": layout.mlflow_uri,
-        # A tracking server that restarts is retried for about 5 minutes, first at short
-        # intervals (MLflow's defaults wait 2, 4, 8, ... s: a restart of 40 s cost 100).
+        # A tracking server that restarts is waited for about 8 minutes, asked again after
+        # 2, 4, 8, ... s (MLflow's defaults: 4, 8, 16, ... s, 4 minutes): a restart costs
+        # less of the wait that follows it.
         "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "10",
         "PYTHONPATH": str(layout.code),
