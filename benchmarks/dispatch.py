@@ -14,7 +14,10 @@ On one Prefect server on loopback (``elastune.infra.local_cluster``), with 2 slo
 Run: ``python benchmarks/dispatch.py`` (``--quick`` for a small run that proves it works);
 writes ``benchmarks/results/dispatch.json``. ``--database URL`` puts the cluster's server on
 another database (``postgresql+asyncpg://...``; Prefect's advice for a server with many
-writers) and writes ``dispatch_<database>.json``. The cost planner prices a segment's overhead
+writers) and writes ``dispatch_<database>.json``. ``--hosts`` adds ``warm-hosts``: the same
+job on warm nodes on hosts that share nothing but a network (``elastune.infra.netns_cluster``:
+PostgreSQL, credentials, the job run from the driver's host; needs root), and writes
+``dispatch_hosts.json``. The cost planner prices a segment's overhead
 from the job's ``profile.overhead_s`` (docs/job-file.md): on a warm pool, add the ``warm``
 figure to it.
 """
@@ -138,6 +141,28 @@ def flow_runs(tmp: Path, api: str, trials: int) -> dict[str, float]:
         return per_slot(run_job(idle_job(folder, trials), folder, "--pool", "flow-runs"))
 
 
+def across_hosts(trials: int) -> dict[str, float]:
+    """Warm nodes on hosts that share nothing but a network (infra/netns_cluster.py: a
+    services host with PostgreSQL, Prefect's server and MLflow's, both behind credentials;
+    the job run from the driver's host; :data:`SLOTS` nodes of 1 slot)."""
+    from elastune.infra.cluster_layout import DRIVER, POOL, Layout
+    from elastune.infra.netns_cluster import default_root, down, run, up
+
+    name = "elastune-dispatch"
+    layout = Layout(name, default_root(name), ROOT, nodes=SLOTS)
+    up(layout)
+    try:
+        path = idle_job(layout.folder(DRIVER), trials)
+        command = [sys.executable, "-m", "elastune.flows.cli", "run", str(path), "--json"]
+        command += ["--pool", POOL, *[a for v in layout.job_overrides() for a in ("--set", v)]]
+        done = run(layout, DRIVER, command, capture=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"the job across hosts failed: {done.stderr[-800:]}")
+        return per_slot(json.loads(done.stdout.strip().splitlines()[-1]))
+    finally:
+        down(layout)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small run that proves it works")
@@ -145,6 +170,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--flow-runs", action="store_true", help="measure the flow-run mode")
     parser.add_argument("--no-digits", action="store_true", help="skip the digits example")
     parser.add_argument("--database", help="the cluster server's database URL (default SQLite)")
+    parser.add_argument(
+        "--hosts",
+        action="store_true",
+        help="also warm nodes on hosts in network namespaces (needs root; writes "
+        "dispatch_hosts.json)",
+    )
     args = parser.parse_args(argv)
     trials = args.trials or (20 if args.quick else 200)
     # The node workers import this module's trainable.
@@ -175,6 +206,8 @@ def main(argv: list[str] | None = None) -> None:
                 results["dispatch"][mode] = per_slot(
                     run_job(idle_job(folder, trials), folder, *pool)
                 )
+            if args.hosts:
+                results["dispatch"]["warm-hosts"] = across_hosts(trials)
             if args.flow_runs:
                 results["dispatch"]["flow-run"] = flow_runs(tmp, cluster.api, min(trials, 10))
             if not args.no_digits:
@@ -192,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         print(f"   digits: warm over local, median {results['digits']['warm_over_local']:.0%}")
     out = RESULT if database == "sqlite" else RESULT.with_name(f"dispatch_{database}.json")
+    if args.hosts:
+        out = out.with_name(out.stem + "_hosts.json")
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"server on {database}; wrote {out.relative_to(ROOT)}")
 

@@ -3,8 +3,9 @@
 Warm workers (docs/prefect-server.md, "A job in work-pool mode"): each node runs one
 long-lived Prefect task worker, ``python -m elastune.flows.segment --pool POOL --node NAME --gpus
 G``, that serves the background task ``warm-segment`` under a task key of its own
-(:func:`node_key`), so the driver decides which node a segment goes to. Segments run in
-threads of that process: imports, data and a CUDA context are paid once per node. A segment
+(:func:`node_key`), so the driver decides which node a segment goes to. Each segment trains
+in a worker process forked from the node (tasks/worker_processes.py): imports are paid
+once per node, and a worker, with its data and CUDA context, is kept for the next segment. A segment
 the driver queued behind others waits for the node's GPUs (:class:`GpuGate`). The
 node also heartbeats to the work pool as a Prefect worker named after itself, its GPUs and
 its process (:class:`Node`): that is how the driver finds live nodes and notices a dead
@@ -28,6 +29,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
 import math
 import os
 import threading
@@ -46,13 +48,16 @@ from prefect.task_worker import StopTaskWorker, TaskWorker
 from prefect.tasks import Task
 
 from elastune.flows.gc_freeze import exit_uncollected
+from elastune.infra import artifact_storage  # noqa: F401  (its block type, for Block.aload)
 from elastune.infra.warm_nodes import HEARTBEAT_SECONDS, Node
 from elastune.planners.search import Segment
 from elastune.planners.staging.devices import LocalDevices
 from elastune.planners.staging.placement import fits
 from elastune.tasks.contract import JobRef
+from elastune.tasks.fence import fenced_call
 from elastune.tasks.gpus import cuda_devices
-from elastune.tasks.train import release_devices, run_segment
+from elastune.tasks.train import run_segment, train_in_worker
+from elastune.tasks.worker_processes import NVML_CHECK, WorkerProcesses, fork_server_here
 
 FLOW_NAME = "train-segment"
 
@@ -115,23 +120,31 @@ class GpuGate:
 
 # The node's GPUs, set once by serve(); the default never blocks (a test's worker).
 _gate = GpuGate(math.inf)
+# The node's worker processes, where its segments train (set by serve()).
+_workers: WorkerProcesses | None = None
 
 
 @task(name="warm-segment", cache_policy=NO_CACHE)
 def warm_segment(
-    job: JobRef, segment: Segment, config: dict[str, Any], run_id: str, attempt: int
+    job: JobRef, segment: Segment, config: dict[str, Any], run_id: str, fence: str
 ) -> None:
     """Train one segment on this node once its GPUs are free (within ``job.segment_timeout``,
-    as in local mode); the report goes to MLflow, where the driver reads it. ``attempt``
-    makes each launch's inputs unique, so no cache ever answers for a retry."""
+    as in local mode), in a worker process of the node's; the report goes to MLflow, where
+    the driver reads it. ``fence`` is the launch's token: once the driver gives up on this
+    launch, MLflow refuses its writes (tasks/fence.py); and it makes each launch's inputs
+    unique, so no cache ever answers for a retry."""
     with _gate.held(segment.gpus):
         with _devices_lock:
             ids = None if _devices is None else _devices.take(segment.trial, segment.gpus)
         try:
-            run_segment(job, segment, config, run_id, gpu_ids=ids)
+            if _workers is None:  # a test's worker, in this process
+                fenced_call(fence, run_segment, job, segment, config, run_id, gpu_ids=ids)
+                return
+            train_in_worker(_workers, job, segment, config, run_id, ids, fence=fence)
         finally:
             if _devices is not None:
-                release_devices(_devices, _devices_lock, segment.trial, run_id)
+                with _devices_lock:
+                    _devices.release(segment.trial)
 
 
 def keyed(segment_task: Task[..., Any], key: str) -> Task[..., Any]:
@@ -145,7 +158,10 @@ def heartbeat(pool: str, node: Node, stop: threading.Event) -> None:
     """Tell the pool this node is alive, every :data:`HEARTBEAT_SECONDS`, until ``stop``."""
     with get_client(sync_client=True) as client:
         while not stop.is_set():
-            client.send_worker_heartbeat(pool, node.worker_name, HEARTBEAT_SECONDS)
+            try:
+                client.send_worker_heartbeat(pool, node.worker_name, HEARTBEAT_SECONDS)
+            except Exception as exc:  # the server restarts, or this node's link is down
+                logging.getLogger("elastune").warning("heartbeat not sent: %s", exc)
             stop.wait(HEARTBEAT_SECONDS)
 
 
@@ -154,13 +170,13 @@ async def serve(pool: str, node: Node, storage: str, threads: int | None = None)
     once the node's GPUs it needs are free (the driver queues at most the node's GPUs'
     worth behind them). ``threads``: torch's threads per segment; default, the machine's
     cores shared by the node's slots."""
-    global _devices, _gate
+    global _devices, _gate, _workers
     count = cuda_devices()
     _devices = LocalDevices(count) if count else None
     _gate = GpuGate(node.gpus)
     # Threads share the cores: more threads than cores make torch's workers spin-wait.
     slots = max(1, round(node.gpus))
-    torch.set_num_threads(threads or max(1, torch.get_num_threads() // slots))
+    _workers = WorkerProcesses(threads or max(1, torch.get_num_threads() // slots))
     key = node_key(pool, node.name)
     # The block is read once, not once per segment.
     block = await Block.aload(storage)
@@ -180,6 +196,7 @@ async def serve(pool: str, node: Node, storage: str, threads: int | None = None)
                 await worker.start()
     finally:
         stop.set()
+        _workers.close()
 
 
 def ecs_task_id(metadata_uri: str) -> str:
@@ -211,6 +228,11 @@ def main(argv: list[str] | None = None) -> None:
     # What the node imported (torch, Prefect: about a million objects) is left out of the
     # full collections that would each stop its segments' threads (flows/cli.py).
     gc.freeze()
+    # Its segments train in worker processes forked from a copy of it made now, its imports
+    # done and no thread started, and CUDA never set up here: torch asks NVML whether
+    # there is a GPU (tasks/worker_processes.py).
+    os.environ.setdefault(NVML_CHECK, "1")
+    fork_server_here()
     # SIGTERM (the cluster stopping) ends the worker through StopTaskWorker: a clean exit.
     with contextlib.suppress(StopTaskWorker):
         node = Node(name, args.gpus, os.getpid())

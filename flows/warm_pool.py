@@ -30,10 +30,11 @@ from prefect.client.orchestration import get_client
 from prefect.context import AsyncClientContext, EngineContext, TaskRunContext
 from prefect.futures import PrefectDistributedFuture
 from prefect.settings import PREFECT_API_URL
-from prefect.states import Crashed
+from prefect.states import Crashed, State
 from prefect.tasks import Task
 from prefect.utilities.asyncutils import run_coro_as_sync
 
+from elastune.flows.outages import Outage, Silence, give_up, now_ms, unreachable
 from elastune.flows.segment import (
     WorkerLost,
     keyed,
@@ -44,6 +45,7 @@ from elastune.infra.backends import make_backend
 from elastune.infra.sizing import InfraError, PoolBackend
 from elastune.infra.warm_nodes import (
     HEARTBEAT_SECONDS,
+    LIVE_SECONDS,
     WARM_TYPE,
     Node,
     draining_nodes,
@@ -54,7 +56,8 @@ from elastune.planners.search.schedulers.base import Segment
 from elastune.planners.spec import MAX_WORKERS, EcsSpec
 from elastune.planners.staging.placement import best_fit
 from elastune.tasks.contract import JobRef, SegmentReport, report_name
-from elastune.tasks.tracking import Tracker
+from elastune.tasks.fence import token
+from elastune.tasks.tracking import shared_tracker
 
 # How often a driver waiting for room on a node looks again.
 POLL_SECONDS = 0.5
@@ -62,6 +65,8 @@ POLL_SECONDS = 0.5
 WAIT_SECONDS = 2.0
 # A segment whose node died is launched again on a live one at most this many times.
 RELAUNCHES = 2
+# How often a driver waiting on a warm run looks for its report in MLflow.
+REPORT_SECONDS = 10.0
 
 
 class Placement(NamedTuple):
@@ -178,7 +183,10 @@ class WarmPool:
         # No task run of its own: the warm run is the segment's one task run (a second
         # doubled the server's writes per segment, measured in docs/prefect-server.md).
         launch = functools.partial(launch_on_node, self, job, segment, config, run_id, timeout)
-        return self.threads.submit(contextvars.copy_context().run, relaunched, launch)
+        given_up = functools.partial(give_up, job, segment, run_id)
+        return self.threads.submit(
+            contextvars.copy_context().run, relaunched, self, job.job_id, launch, given_up
+        )
 
     def close(self) -> None:
         return None  # the nodes' workers outlive the job, warm for the next
@@ -267,45 +275,93 @@ def detached_delay(send: Task[..., Any], arguments: tuple[Any, ...]) -> UUID:
     return send.delay(*arguments).task_run_id
 
 
-def await_warm(pool: WarmPool, run: UUID, node: str, timeout: float | None) -> bool:
-    """Wait for warm run ``run`` on ``node``: True once it ends, False past ``timeout``
-    (with a grace period for the node's own limit to end it). :class:`WorkerLost` when the
-    node dies first: a dead incarnation, or a restarted one, never finishes a run."""
+def await_warm(
+    pool: WarmPool, run: UUID, node: str, timeout: float | None, saved: Callable[[], bool]
+) -> bool:
+    """Wait for warm run ``run`` on ``node``: True once it ends (or ``saved()``: its report
+    is in MLflow, should its end's event have been lost with the server), False past
+    ``timeout`` (with a grace period for the node's own limit to end it).
+    :class:`WorkerLost` when the node dies first: a dead incarnation, or a restarted one,
+    never finishes a run. While the Prefect server does not answer, it waits for it
+    (flows/outages.py)."""
     deadline = None if timeout is None else time.monotonic() + timeout + 10 * POLL_SECONDS
     future: PrefectDistributedFuture[None] = PrefectDistributedFuture(run)
     seen: set[int] | None = None  # the node's incarnations alive while the run ran
+    outage, looked, silent = Outage(), time.monotonic(), Silence()
     while True:
+        began = time.monotonic()
         try:
-            future.wait(WAIT_SECONDS)
-        except RuntimeError as exc:  # the server has the run, not yet its first state
-            if "has no state" not in str(exc):
+            state = run_state(future)
+            alive = {n.pid for n in pool.placer.alive() if n.name == node}
+        except Exception as exc:
+            if not unreachable(exc):
                 raise
-            time.sleep(POLL_SECONDS / 10)
+            outage.wait(exc, POLL_SECONDS)
             continue
-        state = future.state
+        # A read the client retried for seconds met a server that was away, as one that
+        # failed did.
+        outage.answered(slow=time.monotonic() - began > LIVE_SECONDS)
+        if state is None or outage.settling():
+            continue
         if state.is_final():
             return True
-        alive = {n.pid for n in pool.placer.alive() if n.name == node}
+        if state.is_scheduled() and outage.lost_queue():
+            raise WorkerLost(f"its run on node {node} was lost with the server's queue")
         if seen is None and state.is_running():
             seen = alive
-        if not (alive if seen is None else alive & seen):
+        if silent.dead(bool(alive if seen is None else alive & seen)):
             with get_client(sync_client=True) as client:
                 client.set_task_run_state(run, Crashed(message=f"node {node} died"), force=True)
             raise WorkerLost(f"node {node} of warm pool {pool.name!r} died under the segment")
+        if time.monotonic() - looked > REPORT_SECONDS:
+            looked = time.monotonic()
+            if saved():
+                return True
         if deadline is not None and time.monotonic() > deadline:
             return False
 
 
-def relaunched(launch: Callable[[int], SegmentReport]) -> SegmentReport:
+def run_state(future: PrefectDistributedFuture[None]) -> State | None:
+    """The run's state after waiting :data:`WAIT_SECONDS` for its end; None while the server
+    has the run, not yet its first state."""
+    try:
+        future.wait(WAIT_SECONDS)
+    except RuntimeError as exc:
+        if "has no state" not in str(exc):
+            raise
+        time.sleep(POLL_SECONDS / 10)
+        return None
+    return future.state
+
+
+def relaunched(
+    pool: WarmPool,
+    job_id: str,
+    launch: Callable[[int], SegmentReport],
+    given_up: Callable[[], SegmentReport | None],
+) -> SegmentReport:
     """``launch(attempt)``'s report; launched again while its node dies under it, at most
-    :data:`RELAUNCHES` times (the segment resumes from its trial's last checkpoint)."""
-    attempt = 1
+    :data:`RELAUNCHES` times (the segment resumes from its trial's last checkpoint), once
+    the launch given up on is fenced off and unless it had finished (``given_up()``). A
+    launch the Prefect server could not take is tried again once it answers, after looking
+    for a run it may have created meanwhile."""
+    attempt, outage = 1, Outage()
     while True:
         try:
             return launch(attempt)
         except WorkerLost:
+            finished = given_up()
+            if finished is not None:
+                return finished
             if attempt > RELAUNCHES:
                 raise
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            with pool.placer.lock:
+                pool.left.pop(job_id, None)  # a run created before the error is adopted
+            outage.wait(exc, POLL_SECONDS)
+            continue
         attempt += 1
         time.sleep(1.0)  # as Prefect's retry delay was: a moment for the cluster to settle
 
@@ -322,6 +378,7 @@ def launch_on_node(
     """One launch of ``segment``: a warm run on the node the placer picks, waited for."""
     AsyncClientContext.__var__.set(launch_client())  # this launch's context is its own copy
     name = segment_name(job, segment)
+    tracker = shared_tracker(job.mlflow_uri, job.experiment)
     # A driver resumed while its predecessor's segment still runs waits for that run.
     found = pool.left_by(job.job_id).pop(name, None)
     if found is not None:
@@ -338,14 +395,16 @@ def launch_on_node(
             tags = {job_tag(job.job_id), f"node:{node}"}
             send = warm_segment.with_options(name=name, result_storage=pool.storage, tags=tags)
             send = keyed(send, node_key(pool.name, node))
-            arguments = (job, segment, config, run_id, attempt)
+            fence = token(segment.start, now_ms(), attempt)
+            arguments = (job, segment, config, run_id, fence)
             run = contextvars.copy_context().run(detached_delay, send, arguments)
-        ended = await_warm(pool, run, node, limit)
+        report_at = functools.partial(tracker.load_report, run_id, report_name(segment))
+        ended = await_warm(pool, run, node, limit, lambda: report_at() is not None)
     finally:
         pool.placer.give(node, segment.gpus)
     if not ended:
         return SegmentReport.timed_out(segment, timeout)
-    report = Tracker(job.mlflow_uri, job.experiment).load_report(run_id, report_name(segment))
+    report = report_at()
     if report is None:
         raise WorkerLost(f"segment on node {node} ended without a report")
     return SegmentReport.from_dict(report)

@@ -32,7 +32,7 @@ from pathlib import Path
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
 from prefect.exceptions import ObjectAlreadyExists
-from prefect.filesystems import LocalFileSystem
+from prefect.filesystems import LocalFileSystem, WritableFileSystem
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from elastune.infra.prefect_pools import read_pool
@@ -53,12 +53,15 @@ def warm_template(storage: str) -> dict:
     }
 
 
-def create_warm_pool(pool: str, storage_dir: Path) -> str:
+def create_warm_pool(pool: str, storage: Path | WritableFileSystem) -> str:
     """Create warm pool ``pool`` and the block its parameters are stored in (a folder here;
-    on ECS, a bucket: docs/ecs.md); returns the block's slug."""
+    across hosts, MLflow's artifact proxy: infra/netns_cluster.py; on ECS, a bucket:
+    docs/ecs.md); returns the block's slug."""
     block = f"{pool}-segments"
-    LocalFileSystem(basepath=str(storage_dir.resolve())).save(block, overwrite=True)
-    slug = f"local-file-system/{block}"
+    if isinstance(storage, Path):
+        storage = LocalFileSystem(basepath=str(storage.resolve()))
+    storage.save(block, overwrite=True)
+    slug = f"{storage.get_block_type_slug()}/{block}"
     template = warm_template(slug)
     with get_client(sync_client=True) as client:
         try:

@@ -70,6 +70,7 @@ from prefect._internal.concurrency.cancellation import shield
 
 from elastune.tasks.checkpoint_spool import Spool
 from elastune.tasks.distributed import GlobalBatches, unwrap, wrap
+from elastune.tasks.fence import relaunched
 from elastune.tasks.tracking import Tracker
 
 # Reported metrics reach MLflow in one write per checkpoint (or per segment), and at the
@@ -255,7 +256,10 @@ class TrialContext:
     def _write_metrics(self) -> None:
         if self._unwritten:
             with shield():
-                self._tracker.log_history(self.run_id, self._unwritten)
+                if relaunched():  # a launch given up on may have logged some of them
+                    self._log_missing(self._unwritten)
+                else:
+                    self._tracker.log_history(self.run_id, self._unwritten)
         self._unwritten = []
         self._written_at = time.monotonic()
 

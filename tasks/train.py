@@ -2,14 +2,13 @@
 
 A segment runs at its width ``Segment.gpus`` (docs/algorithms.md §6, elastic trials):
 
-* ``g > 1``: ``g`` data-parallel processes (:func:`elastune.tasks.distributed.run_distributed`: gloo
-on
-  CPU, NCCL on CUDA with one GPU per process). Only a trainable that declares it supports
+* ``g > 1``: ``g`` data-parallel processes (:func:`elastune.tasks.distributed.run_distributed`:
+  gloo on CPU, NCCL on CUDA with one GPU per process). Only a trainable that declares it supports
   this (``train.distributed = True``, see :func:`elastune.tasks.trainable.supports_distributed`) is
   run so.
 * ``g = 1``: the trainable runs in one process, on ``cuda`` when there is one: a worker
-  process of the local pool (:mod:`elastune.tasks.worker_processes`, which runs every local
-  segment), or the process of a work pool's node.
+  process of the local pool or of a warm node (:mod:`elastune.tasks.worker_processes`), or
+  the process of a flow run on a process or ECS pool.
 * ``g < 1``: the segment shares its device with other segments. On NVIDIA GPUs, segments
   in separate processes (the local pool's workers, a process or ECS pool) run concurrently
   only under MPS, which elastune detects (:func:`mps_running`) but does not start: run
@@ -41,12 +40,12 @@ from prefect.utilities.timeout import timeout as time_limit
 
 from elastune.planners.search.schedulers.base import Result, Segment
 from elastune.planners.spec import SpecError
-from elastune.planners.staging.devices import LocalDevices
 from elastune.planners.staging.widths import FALLBACK_HINT, width_problem
 from elastune.tasks.checkpoint_spool import Spool
 from elastune.tasks.context import TrialContext
 from elastune.tasks.contract import JobRef, SegmentReport, report_name, timeout_reason
 from elastune.tasks.distributed import DistContext, DistributedError, run_distributed
+from elastune.tasks.fence import fenced, fenced_call
 from elastune.tasks.gpus import cuda_devices, mps_running
 from elastune.tasks.tracking import Tracker, shared_tracker
 from elastune.tasks.trainable import Trainable, TrainableError, load_trainable, supports_distributed
@@ -73,20 +72,41 @@ def train_segment(
     """A segment of the local pool, run by one of ``workers`` (wider than 1, on ranks that
     worker starts). Local segments keep their checkpoints on this machine until they end
     (tasks/checkpoint_spool.py)."""
-    # The segment's own time limit ends it in the worker (run_segment); this one ends a
-    # worker stuck past it.
-    limit = job.segment_timeout
+    return train_in_worker(workers, job, segment, config, run_id, gpu_ids, spool=True)
+
+
+def train_in_worker(
+    workers: WorkerProcesses,
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    gpu_ids: Sequence[int] | None = None,
+    spool: bool = False,
+    fence: str | None = None,
+) -> SegmentReport:
+    """:func:`run_segment` in one of ``workers`` (a local job's segments, a warm node's), its
+    MLflow writes carrying ``fence`` (tasks/fence.py). A worker that dies fails the segment
+    (not spooled, its report is kept in MLflow, where a warm node's driver reads it); one
+    whose segment failed is retired: its process may be broken (a CUDA error poisons its
+    context) or its trainable still running (past its limit, in a C call)."""
+    limit = job.segment_timeout  # this one ends a worker stuck past the segment's own
     with workers.worker() as worker:
         try:
+            call = (run_segment,) if fence is None else (fenced_call, fence, run_segment)
             report = worker.call(
-                run_segment, job, segment, config, run_id, gpu_ids=gpu_ids, spool=True,
+                *call, job, segment, config, run_id, gpu_ids=gpu_ids, spool=spool,
                 timeout=None if limit is None else limit + 2 * GIVE_UP_GRACE_SECONDS,
             )  # fmt: skip
         except WorkerDied as exc:
-            return SegmentReport.failure(segment, str(exc))
+            report = SegmentReport.failure(segment, str(exc))
+            if not spool:
+                with fenced(fence):
+                    shared_tracker(job.mlflow_uri, job.experiment).save_report(
+                        run_id, report_name(segment), report.to_dict()
+                    )
+            return report
         if report.result.failed:
-            # Its trainable may have left the process broken (a CUDA error poisons the
-            # process's context) or still running (past its limit, in a C call).
             worker.retire()
     return report
 
@@ -120,8 +140,8 @@ def run_segment(
         gpu_ids: The GPUs the executor (a packer's assignment) gave this segment, one per
             data-parallel process; default ``0 .. g-1``. Ignored without CUDA.
         spool: Keep a single-process segment's checkpoints on this machine and hand the
-            newest to MLflow when it ends (:class:`elastune.tasks.checkpoint_spool.Spool`): for
-            segments whose retry runs on this machine too (the local pool).
+            newest to MLflow when it ends (:class:`elastune.tasks.checkpoint_spool.Spool`):
+            for segments whose retry runs on this machine too (the local pool).
     """
     tracker = shared_tracker(job.mlflow_uri, job.experiment)
     began = time.perf_counter()
@@ -238,35 +258,6 @@ class SegmentBlocked(SegmentTimeout):
         self.thread = thread
 
 
-# Trainables left behind in a C call, by their trial's run id, while they still run: the
-# GPU memory they hold is still taken (release_devices).
-_left_behind: dict[str, threading.Thread] = {}
-
-
-def release_devices(devices: LocalDevices, lock: threading.Lock, trial: int, run_id: str) -> None:
-    """``trial``'s segment (of run ``run_id``) ended: its devices are free again, or, where
-    it left its trainable behind in a C call (:func:`_within_limit`), once that returns:
-    until then what it holds on them is still taken. ``lock`` guards ``devices``."""
-    thread = _left_behind.pop(run_id, None)
-    with lock:
-        if thread is None or not thread.is_alive():
-            devices.release(trial)
-            return
-        key = devices.set_aside(trial)
-    _logger().warning(
-        "trial %d: its trainable still runs in a C call; the devices it trained on count "
-        "as taken until it returns",
-        trial,
-    )
-
-    def release_when_done() -> None:
-        thread.join()
-        with lock:
-            devices.release(key)
-
-    threading.Thread(target=release_when_done, name=f"{thread.name}-devices", daemon=True).start()
-
-
 def _train(
     job: JobRef,
     segment: Segment,
@@ -297,13 +288,9 @@ def _train(
     try:
         _within_limit(job.segment_timeout, lambda: trainable(dict(config), ctx))
     except SegmentTimeout as exc:
-        if isinstance(exc, SegmentBlocked):
-            blocked = True
-            # Those nobody asked for (segments without devices) go once their call ends.
-            for gone, thread in list(_left_behind.items()):  # a copy: segments run side by side
-                if not thread.is_alive():
-                    _left_behind.pop(gone, None)
-            _left_behind[run_id] = exc.thread
+        # A call blocked in C keeps its thread, and the process its devices, until the
+        # worker process is retired (its failed report retires it).
+        blocked = isinstance(exc, SegmentBlocked)
         return ctx, timeout_reason(job.segment_timeout)
     except (Exception, SystemExit) as exc:  # a trainable's sys.exit() ends its trial alone
         error = "".join(traceback.format_exception_only(exc)).strip()

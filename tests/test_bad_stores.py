@@ -5,9 +5,9 @@ schema written into a file that is there."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import shutil
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,12 +119,17 @@ def test_run_with_a_folder_for_a_store(key, folder, capsys) -> None:
 
 
 POSTGRES = "postgresql://localhost:1/x"
-needs_no_psycopg2 = pytest.mark.skipif(
-    importlib.util.find_spec("psycopg2") is not None, reason="psycopg2 is installed"
-)
 
 
-@needs_no_psycopg2
+@pytest.fixture
+def no_psycopg2(monkeypatch) -> None:
+    """PostgreSQL's driver as if it were not installed (the cluster extra installs it)."""
+    for name in [m for m in sys.modules if m == "psycopg2" or m.startswith("psycopg2.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "psycopg2", None)  # its import now fails
+
+
+@pytest.mark.usefixtures("no_psycopg2")
 @pytest.mark.parametrize("key", ["optuna_storage", "mlflow_uri"])
 def test_run_with_a_database_driver_not_installed(key, folder, capsys) -> None:
     err = assert_rejected(capsys, run_with(folder, key, POSTGRES), f"tracking.{key}", folder)
@@ -134,7 +139,7 @@ def test_run_with_a_database_driver_not_installed(key, folder, capsys) -> None:
     ), err
 
 
-@needs_no_psycopg2
+@pytest.mark.usefixtures("no_psycopg2")
 def test_resume_with_a_database_driver_not_installed(folder, capsys) -> None:
     err = assert_rejected(capsys, ["resume", "x", "--storage", POSTGRES], "--storage", folder)
     assert "(psycopg2)" in err

@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux", reas
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def descendants(pid: int) -> set[int]:
-    """Every living process below ``pid``."""
+def children_by_parent() -> dict[int, list[int]]:
+    """The living processes' children, by parent."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -33,6 +33,12 @@ def descendants(pid: int) -> set[int]:
             except OSError:  # it ended meanwhile
                 continue
             children.setdefault(int(fields[1]), []).append(int(entry.name))
+    return children
+
+
+def descendants(pid: int) -> set[int]:
+    """Every living process below ``pid``."""
+    children = children_by_parent()
     found, todo = set(), [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -95,11 +101,11 @@ def test_a_dead_node_worker_is_started_again_and_a_stop_ends_everything(tmp_path
     process, _ = start_cluster(tmp_path)
     try:
         worker = tmp_path / "warm-node-0" / "worker.log"
-        (node,) = [p for p in descendants(process.pid) if "elastune.flows.segment" in cmdline(p)]
+        (node,) = node_workers(process.pid)
         os.kill(node, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            again = [p for p in descendants(process.pid) if "elastune.flows.segment" in cmdline(p)]
+            again = node_workers(process.pid)
             if again and again != [node]:
                 break
             time.sleep(0.2)
@@ -109,6 +115,13 @@ def test_a_dead_node_worker_is_started_again_and_a_stop_ends_everything(tmp_path
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def node_workers(cluster: int) -> list[int]:
+    """The node workers the cluster process started (not their fork servers, copies of
+    them that their segments' worker processes fork from)."""
+    started = children_by_parent().get(cluster, [])
+    return [p for p in started if "elastune.flows.segment" in cmdline(p)]
 
 
 def cmdline(pid: int) -> str:

@@ -66,13 +66,22 @@ def test_a_segment_is_launched_again_while_its_node_dies(monkeypatch) -> None:
             raise WorkerLost(f"node died under launch {attempt}")
         return "report"
 
-    assert relaunched(launch) == "report" and attempts == [1, 2, 3]
+    given_up: list[int] = []
+
+    def nothing_saved() -> None:
+        given_up.append(len(attempts))  # the launch given up on is fenced off here
+
+    assert relaunched(None, "job", launch, nothing_saved) == "report" and attempts == [1, 2, 3]
+    assert given_up == [1, 2]
 
     def always_lost(attempt: int) -> str:
         raise WorkerLost(f"node died under launch {attempt}")
 
     with pytest.raises(WorkerLost, match="launch 3"):
-        relaunched(always_lost)
+        relaunched(None, "job", always_lost, nothing_saved)
+    # A segment whose report was saved before its node went had finished: not run again.
+    attempts.clear()
+    assert relaunched(None, "job", launch, lambda: "saved") == "saved" and attempts == [1]
 
 
 def test_a_queued_segment_trains_once_the_gpus_it_needs_are_free() -> None:

@@ -58,16 +58,31 @@ def lines(path: Path) -> list[tuple[int, int, int]]:
     return [tuple(map(int, line.split())) for line in path.read_text().splitlines()]
 
 
-def kill_when_epoch_starts(log: Path, epoch: int, timeout: float = 240) -> int:
-    """SIGKILL the process that begins ``epoch`` (after checkpointing the one before)."""
+def kill_when_epoch_starts(log: Path, epoch: int, timeout: float = 240, node: bool = False) -> int:
+    """SIGKILL the process that begins ``epoch`` (after checkpointing the one before), or
+    with ``node`` the warm node worker it trains for (its segments' worker processes end
+    with it); the pid that began ``epoch``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         started = [pid for pid, _, e in lines(log) if e == epoch]
         if started:
-            os.kill(started[0], signal.SIGKILL)
+            os.kill(node_of(started[0]) if node else started[0], signal.SIGKILL)
             return started[0]
         time.sleep(0.05)
     raise AssertionError(f"no process began epoch {epoch} within {timeout} s")
+
+
+def node_of(pid: int) -> int:
+    """The warm node worker above worker process ``pid``: its farthest ancestor that runs
+    ``elastune.flows.segment`` (the node's fork server is a copy of it)."""
+    found = pid
+    while True:
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if parent <= 1:
+            return found
+        if b"elastune.flows.segment" in Path(f"/proc/{parent}/cmdline").read_bytes():
+            found = parent
+        pid = parent
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +108,9 @@ def run_and_kill(
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({**JOB, **changes}))
     killed: list[int] = []
-    killer = threading.Thread(target=lambda: killed.append(kill_when_epoch_starts(log, epoch)))
+    killer = threading.Thread(
+        target=lambda: killed.append(kill_when_epoch_starts(log, epoch, node=True))
+    )
     killer.start()
     code = main(["run", str(path), "--json", *stores])
     killer.join()

@@ -1,13 +1,12 @@
-"""Which of the driver's CUDA devices each running segment trains on.
+"""Which of the machine's CUDA devices each running segment trains on.
 
-Segments of a local job (``compute.pool: local``) run in the driver's process, side by
-side. On a machine with several GPUs they must not all train on ``cuda:0``: a segment of
-width ``g >= 1`` gets ``ceil(g)`` devices, the least loaded ones; a share ``g < 1`` goes to
-the least loaded device. The flow's admission (``compute.workers``, or the stage packer's
-GPU count) keeps the load within the machine, so devices are shared only when a job runs
-more segments at once than the machine has devices. A segment that ended while what it
-trained still runs (a trainable left behind in a C call) keeps its devices loaded until
-that ends (:meth:`LocalDevices.set_aside`).
+Segments of a local job (``compute.pool: local``) run side by side in the driver's worker
+processes, as a warm node's do in its own. On a machine with several GPUs they must not all
+train on ``cuda:0``: a segment of width ``g >= 1`` gets ``ceil(g)`` devices, the least
+loaded ones; a share ``g < 1`` goes to the least loaded device. The flow's admission
+(``compute.workers``, or the stage packer's GPU count) keeps the load within the machine,
+so devices are shared only when a job runs more segments at once than the machine has
+devices.
 
 Example (four GPUs: a wide segment, a whole one, two halves of the last device):
     >>> devices = LocalDevices(4)
@@ -16,22 +15,11 @@ Example (four GPUs: a wide segment, a whole one, two halves of the last device):
     >>> devices.release(0)
     >>> devices.take(4, 2.0)
     (0, 1)
-
-A trainable left running past its segment's end (two GPUs):
-    >>> devices = LocalDevices(2)
-    >>> devices.take(0, 1.0), devices.take(1, 1.0)
-    ((0,), (1,))
-    >>> left = devices.set_aside(0)  # trial 0's segment ended, its trainable did not
-    >>> devices.release(1)
-    >>> devices.take(2, 1.0)  # not device 0, which trial 0's trainable still uses
-    (1,)
-    >>> devices.release(left)
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
 
 
 class LocalDevices:
@@ -45,8 +33,7 @@ class LocalDevices:
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
         self.load = [0.0] * count  # GPUs' worth of segments on each device
-        # By trial, and by set_aside's keys.
-        self._held: dict[Hashable, tuple[tuple[int, ...], float]] = {}
+        self._held: dict[int, tuple[tuple[int, ...], float]] = {}  # by trial
 
     def take(self, trial: int, width: float) -> tuple[int, ...]:
         """The devices ``trial``'s next segment trains on, at ``width`` GPUs."""
@@ -60,17 +47,8 @@ class LocalDevices:
         self._held[trial] = (ids, share)
         return ids
 
-    def set_aside(self, trial: int) -> Hashable:
-        """``trial``'s segment ended but its devices are still in use (its trainable left
-        running): they stay loaded under the key returned, to :meth:`release` once that
-        ends, and the trial may take devices again."""
-        key = object()
-        self._held[key] = self._held.pop(trial)
-        return key
-
-    def release(self, trial: Hashable) -> None:
-        """``trial``'s segment ended (or what a :meth:`set_aside` key holds): its devices
-        are free again."""
+    def release(self, trial: int) -> None:
+        """``trial``'s segment ended: its devices are free again."""
         ids, share = self._held.pop(trial)
         for device in ids:
             self.load[device] -= share
