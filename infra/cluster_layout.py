@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from elastune.infra.cluster_host import HostSpec, Program
+from elastune.infra.server import MLFLOW_SERVER_ENV
 
 SERVICES, DRIVER = "services", "driver"
 PREFECT_PORT, MLFLOW_PORT, POSTGRES_PORT = 4200, 5000, 5432
@@ -232,7 +233,7 @@ def services_programs(layout: Layout) -> list[Program]:
                 "--workers",  # one: it starts again in half the time two take here
                 "1",
             ],
-            env=auth,
+            env={**auth, **MLFLOW_SERVER_ENV},
             health=f"{layout.mlflow_uri}/health",
         ),
         Program(

@@ -30,6 +30,10 @@ from elastune.planners.spec.cache import copy_of_empty
 # A fresh SQLite DB takes ~10 s to migrate on an idle 2-core box (a server's home gets a
 # copy of a migrated one, new_database); leave room for a busy one.
 SERVER_START_TIMEOUT = 90.0
+# Every `mlflow server` elastune starts: MLflow's job runner (GenAI jobs, which elastune
+# never submits) would otherwise start Huey consumer processes that poll its database,
+# a third of a core of the 2-core development machine between them.
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def free_port() -> int:

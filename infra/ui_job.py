@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -28,7 +29,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from elastune.infra.server import free_port, running_worker, stop_group, wait_healthy
+from elastune.infra.server import (
+    MLFLOW_SERVER_ENV,
+    free_port,
+    running_worker,
+    stop_group,
+    wait_healthy,
+)
 from elastune.infra.ui_check import (
     ATTEMPTS,
     BUDGET_MS,
@@ -162,8 +169,9 @@ def mlflow_ui(store: Path) -> Iterator[str]:
     log = store.with_suffix(".log")
     with log.open("w") as out:
         process = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **MLFLOW_SERVER_ENV},
+        )  # fmt: skip
     try:
         wait_healthy(process, f"{url}/health", MLFLOW_START_TIMEOUT, log)
         yield url
