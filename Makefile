@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 # The package asks for ranges (pyproject.toml); the venv gets the exact set tested here.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e '.[dev,bench]'
 	# pip compiles the installed modules one at a time; compileall uses every core (a fresh
 	# venv in 2.9 minutes instead of 3.5 here). torch's test helpers hold Python 3.12 syntax
 	# that pip skips silently; nothing here imports them.
@@ -36,7 +36,7 @@ test-fast: $(STAMP)
 
 # After changing a range in pyproject.toml: the venv's exact versions become the tested set.
 constraints: $(STAMP)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,bench]'
 	{ sed -n '/^#/p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable \
 	  | sed 's/^torch==\([0-9.]*\)+cpu$$/torch==\1/'; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
