@@ -16,7 +16,9 @@ Measured one piece at a time, on the stores a job uses (MLflow and Optuna on SQL
 - the sampler's ``ask`` after ``n`` finished trials, for ``tpe`` and ``mf-tpe``, with the
   digits search space, in memory; and mf-tpe's ask and tell on SQLite beside ``n`` trials
   paused at a rung, as a job's study holds them: on Optuna's own storage for a database URL
-  and on the one a job's driver uses (``tasks/study_storage.py``);
+  and on the one a job's driver uses (``tasks/study_storage.py``); and mf-tpe's ask beside
+  ``n`` (up to 10,000) trials stopped along a rung ladder, which fits its model every time
+  (``--proposals`` measures that alone and writes it into the results file);
 - a command's exit: ``elastune run`` of a 2-trial digits job in a fresh process, the seconds
   from its last exit handler to the process's end (CPython's last collections and module
   teardown), as the command leaves it (what lives at exit frozen out of those
@@ -191,6 +193,40 @@ def sampler_costs() -> dict[str, dict[int, float]]:
     return out
 
 
+def ladder_ask_costs(sizes: tuple[int, ...] = (100, 1000, 10_000)) -> dict[int, float]:
+    """Seconds per mf-tpe ask beside n trials stopped along a rung ladder, as a job's study
+    holds them: every trial has a value at 3 epochs, a third of them at 9, a ninth at 27
+    (the digits job's rungs), so the model is fitted for every proposal. The study is
+    filled with random draws; the asks timed are mf-tpe's, in memory."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from elastune.planners.spec import distributions, load_job, make_sampler
+
+    spec = load_job(ROOT / "examples" / "digits.yaml", ["sampler.name=mf-tpe"])
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
+    space = distributions(spec)
+    costs: dict[int, float] = {}
+    for n in sizes:
+        study.sampler = optuna.samplers.RandomSampler(n)
+        # (the study's trials are counted here: study.trials copies them all)
+        for _ in range(n - len(study.get_trials(deepcopy=False))):
+            trial = study.ask(space)
+            value = sum(hash(str(v)) % 100 for v in trial.params.values()) / 400
+            rungs = (3, 9, 27)[: 1 + (trial.number % 3 == 0) + (trial.number % 9 == 0)]
+            for step in rungs:
+                trial.report(value + step / 100, step)
+            done = rungs[-1] == 27
+            study.tell(trial, value if done else None, state=None if done else TrialState.PRUNED)
+        study.sampler = make_sampler(spec, seed=n)
+
+        def ask() -> None:
+            study.tell(study.ask(space), state=TrialState.PRUNED)
+
+        costs[n] = median_seconds(ask, 5)
+    return costs
+
+
 def paused_ask_costs(tmp: Path, driver: bool) -> dict[int, float]:
     """Seconds per mf-tpe ask and tell on a SQLite study holding n trials paused at a rung
     (Optuna keeps them running): on Optuna's cached storage, which reads every running
@@ -259,6 +295,8 @@ def exit_costs(tmp: Path, repeat: int = 3) -> dict[str, float]:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--proposals"]:  # the sampler's proposals alone, into the results
+        return proposals_only()
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # no line per task run
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -270,6 +308,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         costs.update(exit_costs(Path(tmp)))
     samplers = sampler_costs()
+    samplers["mf-tpe, n along a rung ladder"] = ladder_ask_costs()
     with tempfile.TemporaryDirectory() as tmp:
         samplers["mf-tpe, SQLite (Optuna), n paused"] = paused_ask_costs(Path(tmp), False)
         samplers["mf-tpe, SQLite (driver), n paused"] = paused_ask_costs(Path(tmp), True)
@@ -284,6 +323,21 @@ def main() -> int:
     for name, by_n in result["sampler_ask_seconds"].items():
         row = "  ".join(f"{n} trials: {s * 1000:.1f} ms" for n, s in by_n.items())
         print(f"{name + ' ask':<38}{row}")
+    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {RESULT}")
+    return 0
+
+
+def proposals_only() -> int:
+    """``--proposals``: mf-tpe's ask along a rung ladder, written into the results file."""
+    costs = ladder_ask_costs()
+    result = json.loads(RESULT.read_text())
+    name = "mf-tpe, n along a rung ladder"
+    result["sampler_ask_seconds"][name] = {str(n): round(s, 4) for n, s in costs.items()}
+    print(
+        f"{name + ' ask':<38}"
+        + "  ".join(f"{n} trials: {s * 1000:.1f} ms" for n, s in costs.items())
+    )
     RESULT.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULT}")
     return 0
