@@ -29,7 +29,7 @@ Printed per seed and as medians:
 The CPU of the elastune command is also split by process (the driver, its worker processes,
 Prefect's server).
 
-    python benchmarks/useful_work.py            # 3 seeds, 180 s, 2 workers (about 20 min)
+    python benchmarks/useful_work.py            # 5 seeds, 180 s, 2 workers (about 33 min)
     python benchmarks/useful_work.py --quick    # 1 seed, 45 s
 
 Writes ``benchmarks/results/useful_work.json`` (``useful_work_quick.json`` with ``--quick``).
@@ -385,7 +385,7 @@ def prepare(home: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, 45 s")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=180.0, help="seconds per run")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--target", type=float, default=0.93, help="validation accuracy")
