@@ -83,6 +83,25 @@ def test_the_ladder_ranks_a_higher_rung_above_any_value_below_it() -> None:
     assert sorted(good[:, 0]) == sorted(t.params["x"] for t in trials[:2])
 
 
+def test_by_default_the_good_set_is_the_best_of_the_top_rung() -> None:
+    # Bloom's ladder: 90 trials at rung 1, a third of them at rung 3, a ninth at rung 9.
+    # The good set is the best 7% of the ranking: the top rung's best 7 of its 10, not all
+    # 10 and the best promoted trials of the rung below (what 15% took in).
+    sampler = MultiFidelityTpeSampler(seed=0)
+    study = optuna.create_study(sampler=sampler)
+    space = {"x": FloatDistribution(0, 1)}
+    for i in range(90):
+        trial = study.ask(space)
+        x = trial.params["x"]
+        levels = (1,) + ((3,) if i % 3 == 0 else ()) + ((9,) if i % 9 == 0 else ())
+        report(study, trial, {level: x for level in levels})
+    trials = study.get_trials(deepcopy=False)
+    good, _ = sampler._split(study, trials, space)
+    top = sorted(t.params["x"] for t in trials if 9 in t.intermediate_values)
+    assert sampler.gamma == 0.07
+    assert sorted(good[:, 0]) == top[:7]
+
+
 def test_a_rung_with_too_few_results_does_not_count() -> None:
     sampler = MultiFidelityTpeSampler(seed=0, min_points=3)
     study = optuna.create_study(sampler=sampler)
