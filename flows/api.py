@@ -79,6 +79,9 @@ def quiet_defaults() -> None:
     # Checkpoint downloads would each draw a progress bar over ours.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    # Ending a run on a tracking server would read it back (a request per trial) to print
+    # its URL, a line per trial on the terminal.
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     # Trainables are referenced as module:function relative to where the user runs. Every
     # module of elastune's is elastune.*, so none of the user's shadows one, nor the reverse.
     if os.getcwd() not in sys.path:

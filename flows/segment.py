@@ -126,21 +126,38 @@ _workers: WorkerProcesses | None = None
 
 @task(name="warm-segment", cache_policy=NO_CACHE)
 def warm_segment(
-    job: JobRef, segment: Segment, config: dict[str, Any], run_id: str, fence: str
+    job: JobRef,
+    segment: Segment,
+    config: dict[str, Any],
+    run_id: str,
+    fence: str,
+    artifacts: str | None = None,
 ) -> None:
     """Train one segment on this node once its GPUs are free (within ``job.segment_timeout``,
     as in local mode), in a worker process of the node's; the report goes to MLflow, where
     the driver reads it. ``fence`` is the launch's token: once the driver gives up on this
     launch, MLflow refuses its writes (tasks/fence.py); and it makes each launch's inputs
-    unique, so no cache ever answers for a retry."""
+    unique, so no cache ever answers for a retry. ``artifacts``: the run's artifact
+    location, which the node would otherwise ask MLflow for."""
     with _gate.held(segment.gpus):
         with _devices_lock:
             ids = None if _devices is None else _devices.take(segment.trial, segment.gpus)
         try:
             if _workers is None:  # a test's worker, in this process
-                fenced_call(fence, run_segment, job, segment, config, run_id, gpu_ids=ids)
+                fenced_call(
+                    fence,
+                    run_segment,
+                    job,
+                    segment,
+                    config,
+                    run_id,
+                    gpu_ids=ids,
+                    artifacts=artifacts,
+                )
                 return
-            train_in_worker(_workers, job, segment, config, run_id, ids, fence=fence)
+            train_in_worker(
+                _workers, job, segment, config, run_id, ids, fence=fence, artifacts=artifacts
+            )
         finally:
             if _devices is not None:
                 with _devices_lock:
@@ -183,6 +200,10 @@ async def serve(pool: str, node: Node, storage: str, threads: int | None = None)
     worker = TaskWorker(keyed(warm_segment.with_options(result_storage=block), key), limit=None)
     for served in worker.tasks:  # TaskWorker re-derives the key when it copies the task
         keyed(served, key)
+        # TaskWorker gives an uncached task Prefect's default policy, whose lookup of a
+        # cached result costs each segment a read of the storage block; a launch's fence
+        # token makes its inputs unique, so that lookup never finds one.
+        served.cache_policy = NO_CACHE
     stop = threading.Event()
     beat = threading.Thread(target=heartbeat, args=(pool, node, stop), daemon=True)
     beat.start()

@@ -396,7 +396,7 @@ def launch_on_node(
             send = warm_segment.with_options(name=name, result_storage=pool.storage, tags=tags)
             send = keyed(send, node_key(pool.name, node))
             fence = token(segment.start, now_ms(), attempt)
-            arguments = (job, segment, config, run_id, fence)
+            arguments = (job, segment, config, run_id, fence, tracker.artifact_location(run_id))
             run = contextvars.copy_context().run(detached_delay, send, arguments)
         report_at = functools.partial(tracker.load_report, run_id, report_name(segment))
         ended = await_warm(pool, run, node, limit, lambda: report_at() is not None)

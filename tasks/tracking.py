@@ -15,7 +15,9 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,14 @@ from elastune.tasks.checkpoint_spool import checkpoint_name, checkpoint_resource
 from elastune.tasks.stores import check_database, first_use, local_uri, sqlite_path
 
 CHECKPOINTS = "checkpoints"
+
+# (tracking URI, run id) -> the run's artifact location and store, shared by this process's
+# trackers (a job's driver has its own besides the one its segments share): a run's
+# artifact location never changes. The oldest are dropped past this many, as in MLflow's
+# own cache.
+_REPOSITORIES_KEPT = 1024
+_repositories: OrderedDict[tuple[str, str], tuple[str, ArtifactRepository]] = OrderedDict()
+_repositories_lock = threading.Lock()
 
 
 def check_tracking_uri(uri: str, field: str) -> None:
@@ -119,7 +129,6 @@ class Tracker:
         self._experiment_id: str | None = None
         self.created_experiment = False
         self._tags: dict[str, dict[str, str]] = {}  # run id -> tags set by keep_tags
-        self._repositories: dict[str, ArtifactRepository] = {}
 
     @property
     def experiment_id(self) -> str:
@@ -149,6 +158,7 @@ class Tracker:
         run = self.client.create_run(
             self.experiment_id, run_name=job_id, tags={"elastune.job_id": job_id, **tags}
         )
+        self.know_artifacts(run.info.run_id, run.info.artifact_uri)
         self._log_params(run.info.run_id, params)
         return run.info.run_id
 
@@ -174,6 +184,7 @@ class Tracker:
                 "elastune.trial": str(trial),
             },
         )
+        self.know_artifacts(run.info.run_id, run.info.artifact_uri)
         self._log_params(run.info.run_id, {"trial": str(trial), **flatten(config)})
         return run.info.run_id
 
@@ -231,17 +242,46 @@ class Tracker:
 
     def upload_checkpoint(self, run_id: str, path: Path) -> None:
         """Store the checkpoint file ``path`` (named by :func:`checkpoint_name`)."""
-        self.client.log_artifact(run_id, str(path), CHECKPOINTS)
+        self._artifacts(run_id).log_artifact(str(path), CHECKPOINTS)
+
+    def artifact_location(self, run_id: str) -> str:
+        """The run's artifact location, as MLflow gives it (e.g. ``mlflow-artifacts:/...``)."""
+        return self._artifact_store(run_id)[0]
 
     def _artifacts(self, run_id: str) -> ArtifactRepository:
-        """The run's artifact store, looked up once: a run's artifact location never
-        changes, and MLflow's client reads the run from the database (~12 ms) on every
-        list and download."""
-        if run_id not in self._repositories:
-            location = self.client.get_run(run_id).info.artifact_uri
-            location = add_databricks_profile_info_to_artifact_uri(location, self.uri)
-            self._repositories[run_id] = get_artifact_repository(location, tracking_uri=self.uri)
-        return self._repositories[run_id]
+        return self._artifact_store(run_id)[1]
+
+    def _artifact_store(self, run_id: str) -> tuple[str, ArtifactRepository]:
+        """The run's artifact location and store, looked up once: MLflow's client reads the
+        run from the store (a request to a tracking server) on every list and download."""
+        with _repositories_lock:
+            found = _repositories.get((self.uri, run_id))
+            if found is not None:
+                _repositories.move_to_end((self.uri, run_id))
+                return found
+        return self._keep(run_id, self.client.get_run(run_id).info.artifact_uri)
+
+    def know_artifacts(self, run_id: str, location: str) -> None:
+        """Take ``location`` as the run's artifact location (:meth:`artifact_location` of
+        the tracker that created the run), so that this process never asks for it."""
+        self._keep(run_id, location)
+
+    def _keep(self, run_id: str, location: str) -> tuple[str, ArtifactRepository]:
+        uri = add_databricks_profile_info_to_artifact_uri(location, self.uri)
+        kept = location, get_artifact_repository(uri, tracking_uri=self.uri)
+        with _repositories_lock:
+            _repositories[(self.uri, run_id)] = kept
+            if len(_repositories) > _REPOSITORIES_KEPT:
+                _repositories.popitem(last=False)
+        return kept
+
+    def _download(self, run_id: str, artifact: str, folder: str) -> Path:
+        """The file ``artifact`` of the run, copied into ``folder``. The repository's own
+        file download: its ``download_artifacts`` first lists ``artifact`` (a request more)
+        to learn whether it is a folder."""
+        path = Path(folder) / Path(artifact).name
+        self._artifacts(run_id)._download_file(artifact, str(path))
+        return path
 
     def checkpoints(self, run_id: str) -> list[tuple[float, str]]:
         """(resource, artifact path) of every checkpoint, highest resource first."""
@@ -256,8 +296,7 @@ class Tracker:
         """The newest checkpoint ``loader(bytes)`` can read, with its resource; else None."""
         for resource, artifact in self.checkpoints(run_id):
             with tempfile.TemporaryDirectory() as tmp:
-                path = self._artifacts(run_id).download_artifacts(artifact, tmp)
-                data = Path(path).read_bytes()
+                data = self._download(run_id, artifact, tmp).read_bytes()
             # A torn or corrupt file falls back to the previous resource level.
             with contextlib.suppress(Exception):
                 return resource, loader(io.BytesIO(data))
@@ -270,8 +309,8 @@ class Tracker:
             return None
         resource, artifact = found[0]
         with tempfile.TemporaryDirectory() as tmp:
-            path = self._artifacts(source_run_id).download_artifacts(artifact, tmp)
-            self.client.log_artifact(target_run_id, path, CHECKPOINTS)
+            path = self._download(source_run_id, artifact, tmp)
+            self._artifacts(target_run_id).log_artifact(str(path), CHECKPOINTS)
         return resource
 
     # --- the model registry --------------------------------------------------------------
@@ -323,15 +362,15 @@ class Tracker:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / f"{name}.json"
             path.write_text(json.dumps(report))
-            self.client.log_artifact(run_id, str(path), "segments")
+            self._artifacts(run_id).log_artifact(str(path), "segments")
 
     def load_report(self, run_id: str, name: str) -> dict[str, Any] | None:
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                path = self._artifacts(run_id).download_artifacts(f"segments/{name}.json", tmp)
+                path = self._download(run_id, f"segments/{name}.json", tmp)
             except Exception:  # MLflow raises its own errors for a missing artifact
                 return None
-            return json.loads(Path(path).read_text())
+            return json.loads(path.read_text())
 
     # --- rollback of a job that turned out to be bad input --------------------------------
 

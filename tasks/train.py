@@ -84,9 +84,11 @@ def train_in_worker(
     gpu_ids: Sequence[int] | None = None,
     spool: bool = False,
     fence: str | None = None,
+    artifacts: str | None = None,
 ) -> SegmentReport:
     """:func:`run_segment` in one of ``workers`` (a local job's segments, a warm node's), its
-    MLflow writes carrying ``fence`` (tasks/fence.py). A worker that dies fails the segment
+    MLflow writes carrying ``fence`` (tasks/fence.py), ``artifacts`` the run's artifact
+    location if the caller knows it. A worker that dies fails the segment
     (not spooled, its report is kept in MLflow, where a warm node's driver reads it); one
     whose segment failed is retired: its process may be broken (a CUDA error poisons its
     context) or its trainable still running (past its limit, in a C call)."""
@@ -96,15 +98,17 @@ def train_in_worker(
             call = (run_segment,) if fence is None else (fenced_call, fence, run_segment)
             report = worker.call(
                 *call, job, segment, config, run_id, gpu_ids=gpu_ids, spool=spool,
+                artifacts=artifacts,
                 timeout=None if limit is None else limit + 2 * GIVE_UP_GRACE_SECONDS,
             )  # fmt: skip
         except WorkerDied as exc:
             report = SegmentReport.failure(segment, str(exc))
             if not spool:
+                tracker = shared_tracker(job.mlflow_uri, job.experiment)
+                if artifacts is not None:
+                    tracker.know_artifacts(run_id, artifacts)
                 with fenced(fence):
-                    shared_tracker(job.mlflow_uri, job.experiment).save_report(
-                        run_id, report_name(segment), report.to_dict()
-                    )
+                    tracker.save_report(run_id, report_name(segment), report.to_dict())
             return report
         if report.result.failed:
             worker.retire()
@@ -127,6 +131,7 @@ def run_segment(
     device: str | None = None,
     gpu_ids: Sequence[int] | None = None,
     spool: bool = False,
+    artifacts: str | None = None,
 ) -> SegmentReport:
     """Train ``segment`` at its width and keep its report in MLflow. A trainable that raises,
     runs over ``job.segment_timeout`` or that this worker cannot import yields a failed
@@ -142,8 +147,12 @@ def run_segment(
         spool: Keep a single-process segment's checkpoints on this machine and hand the
             newest to MLflow when it ends (:class:`elastune.tasks.checkpoint_spool.Spool`):
             for segments whose retry runs on this machine too (the local pool).
+        artifacts: The run's artifact location (:meth:`Tracker.artifact_location`), which
+            this process would otherwise ask MLflow for; None: ask.
     """
     tracker = shared_tracker(job.mlflow_uri, job.experiment)
+    if artifacts is not None:
+        tracker.know_artifacts(run_id, artifacts)
     began = time.perf_counter()
     try:
         trainable = load_trainable(job.trainable)

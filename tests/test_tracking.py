@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import sqlite3
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,35 @@ def test_a_time_limit_that_falls_due_while_ctx_writes_leaves_the_store_unlocked(
         # What the trial reported before the limit is in MLflow, as its report says.
         logged = tracker.metric_history(run_id, "val_accuracy")
         assert len(logged) >= len(report.result.history) >= 1
+
+
+def test_a_runs_artifact_store_is_never_read_from_the_run_by_its_creator_or_whom_it_tells(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment's report and checkpoints go to its run's artifact store without reading the
+    run back (a request per segment to a tracking server): the driver knows it from creating
+    the run, and a node from the driver."""
+    from elastune.tasks import tracking
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setattr(tracking, "_repositories", OrderedDict())
+    tracker = Tracker(uri, "reports")
+    run_id = tracker.start_trial("job", "parent", 0, {})
+    location = tracker.artifact_location(run_id)
+
+    def unexpected(run_id: str) -> None:
+        raise AssertionError(f"run {run_id} read back")
+
+    monkeypatch.setattr(tracker.client, "get_run", unexpected)
+    assert tracker.load_report(run_id, "0-1") is None
+    tracker.save_report(run_id, "0-1", {"seconds": 1.0})
+    assert tracker.load_report(run_id, "0-1") == {"seconds": 1.0}
+    tracker.save_checkpoint(run_id, b"state", 1)
+    assert tracker.load_checkpoint(run_id, lambda f: f.read()) == (1, b"state")
+    tracker.end_run(run_id, "FAILED")
+
+    monkeypatch.setattr(tracking, "_repositories", OrderedDict())  # another process
+    tracker.know_artifacts(run_id, location)
+    assert tracker.load_report(run_id, "0-1") == {"seconds": 1.0}
+    monkeypatch.undo()
+    assert tracker.status(run_id) == "FAILED"
