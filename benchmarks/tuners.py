@@ -48,6 +48,7 @@ the same way runs only what is missing; the file is removed once the results are
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
@@ -91,6 +92,7 @@ def error(loss: float) -> float:
     return max(1e-9, 1.0 + loss / 100.0)
 
 
+@functools.cache  # read once per process: a process runs many runs of each task
 def task_facts(task: str) -> dict[str, float]:
     """The table's best and worst accuracy at epoch 52, and its median 52-epoch time."""
     table = LCBenchTable(task)
@@ -102,12 +104,17 @@ def task_facts(task: str) -> dict[str, float]:
     }
 
 
+@functools.cache  # its model loads in about 0.3 s; a process runs one simulation at a time
+def surrogate_of(task: str) -> LCBenchSurrogate:
+    return LCBenchSurrogate(task)
+
+
 def run_one(task: str, method: str, seed: int, workers: int, horizon: float) -> dict[str, Any]:
     """One simulated run of ``method`` on ``task`` up to ``horizon`` median training times."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     facts = task_facts(task)
     unit = facts["median_full_seconds"]
-    surrogate = LCBenchSurrogate(task)
+    surrogate = surrogate_of(task)
     started, cpu = time.perf_counter(), time.process_time()
     if method == DEFAULT or method in VARIANTS:
         spec = job(DEFAULT_JOB, VARIANTS.get(method))  # None: the default sampler
