@@ -27,7 +27,7 @@ from uuid import UUID
 
 from prefect.blocks.core import Block
 from prefect.client.orchestration import get_client
-from prefect.context import AsyncClientContext, EngineContext, TaskRunContext
+from prefect.context import AsyncClientContext, EngineContext, SettingsContext, TaskRunContext
 from prefect.futures import PrefectDistributedFuture
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Crashed, State
@@ -266,12 +266,25 @@ def launch_client() -> AsyncClientContext:
         return _clients[api]
 
 
+class _Unshipped(SettingsContext):
+    """The driver's settings, kept out of a delayed run's parameters: a node runs its
+    segments under its own settings (its folders, its credentials), and the parameters,
+    stored where every host reads them, would otherwise hold the driver's secrets (Prefect
+    ships the whole settings context, secrets revealed, with each delayed run)."""
+
+    def serialize(self, include_secrets: bool = True) -> dict[str, Any]:
+        return {}
+
+
 def detached_delay(send: Task[..., Any], arguments: tuple[Any, ...]) -> UUID:
     """``send.delay(*arguments)`` outside the driver's flow and task runs (call it in a copied
     context): a delayed run ships its parent's context to the worker, and the driver's holds
-    objects (this pool's lock, the flow's task runner) that do not pickle."""
+    objects (this pool's lock, the flow's task runner) that do not pickle, and its settings
+    (:class:`_Unshipped`)."""
     EngineContext.__var__.set(None)
     TaskRunContext.__var__.set(None)
+    current = SettingsContext.get()
+    SettingsContext.__var__.set(_Unshipped(profile=current.profile, settings=current.settings))
     return send.delay(*arguments).task_run_id
 
 

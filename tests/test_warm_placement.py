@@ -101,3 +101,33 @@ def test_a_queued_segment_trains_once_the_gpus_it_needs_are_free() -> None:
     assert trained.wait(2.0)
     waiter.join(2.0)
     assert gate.free == pytest.approx(1.0)
+
+
+def test_a_segment_launch_ships_none_of_the_drivers_settings(monkeypatch) -> None:
+    """A delayed run's parameters are stored where every host reads them: they carry no
+    settings (a node runs under its own), so none of the driver's secrets, while the
+    driver's own client keeps its credentials."""
+    import contextvars
+    import json
+    from types import SimpleNamespace
+    from uuid import uuid4
+
+    from prefect.context import serialize_context
+    from prefect.settings import PREFECT_API_AUTH_STRING, get_current_settings, temporary_settings
+
+    from elastune.flows.warm_pool import detached_delay
+
+    shipped: dict = {}
+
+    class Send:
+        def delay(self, *arguments):
+            shipped.update(serialize_context())
+            shipped["driver's own"] = get_current_settings().api.auth_string.get_secret_value()
+            return SimpleNamespace(task_run_id=uuid4())
+
+    with temporary_settings({PREFECT_API_AUTH_STRING: "elastune:planted-secret-0042"}):
+        assert "planted-secret-0042" in json.dumps(serialize_context(), default=str)  # by default
+        contextvars.copy_context().run(detached_delay, Send(), ())
+    assert shipped.pop("driver's own") == "elastune:planted-secret-0042"
+    assert shipped["settings_context"] == {}
+    assert "planted-secret-0042" not in json.dumps(shipped, default=str)
