@@ -38,7 +38,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +86,7 @@ def job_file(folder: Path, name: str) -> Path:
     return path
 
 
-@dataclass
+@dataclass(frozen=True)
 class Epoch:
     host: str
     pid: int
@@ -334,22 +333,21 @@ def run_job(layout: Any, folder: Path, name: str, faults: tuple[str, ...] = ()) 
 
 
 def retrained(began: list[Epoch], hits: list[Fault]) -> list[str]:
-    """Epochs trained twice other than work lost on a failed node or process (one begun
-    there at or after its fault, or the one it was in when the fault came)."""
-    seen = Counter((e.trial, e.epoch) for e in began)
-    wrong = []
-    for trial, epoch in (key for key, count in seen.items() if count > 1):
-        runs = [e for e in began if (e.trial, e.epoch) == (trial, epoch)]
-        for lost in runs[:-1]:
-            if not any(
-                lost.host == hit.host and lost.at >= hit.at - 2 * epoch_seconds() for hit in hits
-            ):
-                wrong.append(f"trial {trial} epoch {epoch} on {lost.host}")
+    """Epochs trained twice other than work lost on a failed node or process: one begun
+    there at or after its fault (a node cut off trains on, even a segment queued there that
+    the job relaunched elsewhere, until its writes are refused), or the one it was in when
+    the fault came (the last begun there before it, however long its checkpoint took)."""
+    lost = set()
+    for hit in hits:
+        there = [e for e in began if e.host == hit.host]
+        lost |= {e for e in there if e.at >= hit.at}
+        lost |= {max((e for e in there if e.at < hit.at), key=lambda e: e.at, default=None)}
+    wrong, trained = [], set()
+    for e in sorted((e for e in began if e not in lost), key=lambda e: e.at):
+        if (e.trial, e.epoch) in trained:
+            wrong.append(f"trial {e.trial} epoch {e.epoch} again on {e.host}")
+        trained.add((e.trial, e.epoch))
     return wrong
-
-
-def epoch_seconds() -> float:
-    return float(os.environ.get("ELASTUNE_FAULTS_EPOCH", "1"))
 
 
 def checks(result: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:

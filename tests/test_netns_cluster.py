@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prefect.results import ResultRecord
 
 from benchmarks import faults
 from elastune.infra import netns_cluster
@@ -236,10 +237,14 @@ def test_no_secret_in_a_log_a_parameter_an_artifact_or_a_command_line(cluster, f
             except OSError:  # it ended meanwhile
                 continue
     private = {"secrets.env", ".pgpass", "postgres", "mlflow-auth.db"}
-    written = []
+    written, decoded = [], 0
     for path in cluster.root.rglob("*"):
         if path.is_file() and private.isdisjoint(path.relative_to(cluster.root).parts):
             written.append(path.read_bytes().decode(errors="replace"))
+            if path.parent.name == "parameters":  # a segment's: pickled and base64-encoded
+                written.append(repr(ResultRecord.deserialize(path.read_bytes()).result))
+                decoded += 1
+    assert decoded, "no segment parameters found to read"
     recorded = on_host(cluster, DRIVER, DUMP)
     for secret in secrets:
         assert not any(secret in line for line in listing), "a secret on a command line"
@@ -278,6 +283,26 @@ def test_a_job_survives(cluster, fault_free, injected) -> None:
     name = "-".join(injected)
     result = faults.run_job(cluster, cluster.folder(DRIVER), name, injected)
     found = faults.checks(result, fault_free)
-    assert faults.passed(found), found
+    assert faults.passed(found), (found, result["hits"])
     if {"link", "late-node"} & set(injected):
         assert found["fenced_writes"] >= 1, "the node given up on wrote nothing late"
+
+
+def test_only_the_work_a_fault_lost_counts_as_trained_twice_rightly() -> None:
+    E = faults.Epoch
+    cut = faults.Fault("link", "node-2", 5, at=3.0)
+    kill = faults.Fault("worker", "node-1", 7, at=10.0)
+    began = [
+        E("node-1", 7, 0, 1, 6.0),  # checkpointed before the kill: trained again, wrongly
+        E("node-1", 7, 0, 2, 8.0),  # under way at the kill, however long it had run
+        E("node-0", 9, 0, 1, 11.0),
+        E("node-0", 9, 0, 2, 12.0),
+        E("node-0", 9, 1, 1, 5.0),  # twice on nodes no fault hit
+        E("node-1", 7, 1, 1, 7.0),
+        E("node-0", 9, 2, 1, 4.0),  # relaunched off the cut node, which trains it on later
+        E("node-2", 5, 2, 1, 4.5),
+    ]
+    assert faults.retrained(began, [cut, kill]) == [
+        "trial 1 epoch 1 again on node-1",
+        "trial 0 epoch 1 again on node-0",
+    ]
