@@ -52,6 +52,7 @@ def finish(job: Job, job_log: JobLog, check: ForecastCheck | None = None) -> dic
     last = job.loop.finish()
     for decision in last:
         job.runs.track(decision, job.tally.errors.get(decision.trial))
+    job.runs.drain()
     job_log.decided(last, ended=True)
     best = job.loop.best()
     tracker, parent = job.runs.tracker, job.runs.parent

@@ -2,11 +2,17 @@
 
 A trial's run is started when its first segment is handed out (or taken up, when a driver
 died after starting it and before the study named it), its tags follow the scheduler's
-decisions, and it ends when the trial stops, completes or fails.
+decisions, and it ends when the trial stops, completes or fails. Those decisions reach
+MLflow from a thread of their own, in order, so that the driver's next segment does not
+wait on them (two requests a decision: docs/cluster.md, "What a segment costs across
+hosts"); a driver that dies with some unwritten, its resumed successor writes them again
+(:meth:`TrialRuns.settle`).
 """
 
 from __future__ import annotations
 
+import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from elastune.planners.search.schedulers.base import Action, Decision, Segment
@@ -43,6 +49,8 @@ class TrialRuns:
         self.parent = parent
         self.runs = runs
         self.untagged = untagged or {}
+        self._writer: ThreadPoolExecutor | None = None  # the decisions' writes, in order
+        self._writes: list[Future[None]] = []
 
     @classmethod
     def start_job(cls, spec: JobSpec, tracker: Tracker, job_id: str) -> TrialRuns:
@@ -81,11 +89,30 @@ class TrialRuns:
         return None if run_id is None else self.tracker.load_report(run_id, report_name(segment))
 
     def track(self, decision: Decision, error: str | None) -> None:
-        """Tag the trial's run with the scheduler's decision; end it when the trial ends.
-        A trial whose first segment never started (the deadline passed) has no run."""
+        """Tag the trial's run with the scheduler's decision and end it when the trial
+        ends, in the background (:meth:`drain` waits; a write that failed raises here, at
+        the next decision). A trial whose first segment never started (the deadline passed)
+        has no run."""
         run_id = self.runs.get(decision.trial)
         if run_id is None:
             return
+        for write in [w for w in self._writes if w.done()]:
+            self._writes.remove(write)
+            write.result()
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trial-runs")
+        self._writes.append(self._writer.submit(self._write, run_id, decision, error))
+
+    def drain(self) -> None:
+        """Wait for the decisions under way to reach MLflow; raise the first that failed."""
+        writes, self._writes = self._writes, []
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+        for write in writes:
+            write.result()
+
+    def _write(self, run_id: str, decision: Decision, error: str | None) -> None:
         tags: dict[str, Any] = {"elastune.status": decision.action.value}
         if decision.rung >= 0:
             tags["elastune.rung"] = decision.rung
@@ -105,6 +132,8 @@ class TrialRuns:
 
     def abort(self, purge: bool) -> None:
         """End every run as failed, or (``purge``: bad input) delete them all."""
+        with contextlib.suppress(Exception):  # what failed is the job's error already
+            self.drain()
         if purge:
             self.tracker.purge([self.parent, *self.runs.values()])
         else:

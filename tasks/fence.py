@@ -153,15 +153,26 @@ async def _run_of(scope: dict[str, Any], receive: Receive) -> tuple[str | None, 
 
 async def _fence_of(run_id: str) -> str | None:
     import anyio
-    from mlflow.server.handlers import _get_tracking_store
-
-    def read() -> str | None:
-        return _get_tracking_store().get_run(run_id).data.tags.get(TAG)
 
     try:
-        return await anyio.to_thread.run_sync(read)
+        return await anyio.to_thread.run_sync(_read_fence, run_id)
     except Exception:  # no such run: the app answers for it
         return None
+
+
+def _read_fence(run_id: str) -> str | None:
+    """Run ``run_id``'s :data:`TAG`: from a database store, that one row (a whole run, with
+    its params, tags and latest metrics, is several queries, and every fenced write asks)."""
+    from mlflow.server.handlers import _get_tracking_store
+    from mlflow.store.tracking.dbmodels.models import SqlTag
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = _get_tracking_store()
+    if not isinstance(store, SqlAlchemyStore):
+        return store.get_run(run_id).data.tags.get(TAG)
+    with store.ManagedSessionMaker() as session:
+        row = session.get(SqlTag, (TAG, run_id))
+        return None if row is None else row.value
 
 
 def create_app() -> Any:

@@ -129,6 +129,7 @@ class Tracker:
         self._experiment_id: str | None = None
         self.created_experiment = False
         self._tags: dict[str, dict[str, str]] = {}  # run id -> tags set by keep_tags
+        self._held: dict[str, dict[str, str]] = {}  # run id -> tags keep_tags has yet to set
 
     @property
     def experiment_id(self) -> str:
@@ -197,23 +198,39 @@ class Tracker:
         self.log_history(run_id, [(step, metrics)])
 
     def log_history(self, run_id: str, reports: list[tuple[int, dict[str, float]]]) -> None:
-        """Log ``(step, metrics)`` pairs in as few transactions as MLflow allows."""
+        """Log ``(step, metrics)`` pairs in as few transactions as MLflow allows, with the
+        tags :meth:`keep_tags` holds for the run."""
         now = int(time.time() * 1000)
         items = [Metric(k, float(v), now, step) for step, m in reports for k, v in m.items()]
-        for i in range(0, len(items), 1000):  # MLflow caps a batch at 1000 metrics
-            self.client.log_batch(run_id, metrics=items[i : i + 1000])
+        held = self._held.get(run_id, {})
+        tags = [RunTag(k, v) for k, v in held.items()]
+        batches = [items[i : i + 1000] for i in range(0, len(items), 1000)]  # MLflow's cap
+        for i, batch in enumerate(batches or ([[]] if tags else [])):
+            self.client.log_batch(run_id, metrics=batch, tags=tags if i == 0 else [])
+        self._set(run_id, held)
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def keep_tags(self, run_id: str, tags: dict[str, Any]) -> None:
-        """Set ``tags`` unless this tracker has set these very values on the run already:
-        for tags that only this process writes, e.g. each segment's width."""
-        written = self._tags.setdefault(run_id, {})
-        new = {k: str(v) for k, v in tags.items() if written.get(k) != str(v)}
-        if new:
-            self.set_tags(run_id, new)
-            written.update(new)
+        """Set ``tags`` with this process's next metrics for the run (or at
+        :meth:`flush_tags`), unless it has set these very values on the run already: for
+        tags only this process writes, e.g. each segment's width, which then cost no
+        request of their own."""
+        written = self._tags.get(run_id, {})
+        held = self._held.setdefault(run_id, {})
+        held.update({k: str(v) for k, v in tags.items() if written.get(k) != str(v)})
+
+    def flush_tags(self, run_id: str) -> None:
+        """Set the tags :meth:`keep_tags` still holds for the run (none: no request)."""
+        held = self._held.get(run_id, {})
+        if held:
+            self.set_tags(run_id, held)
+        self._set(run_id, held)
+
+    def _set(self, run_id: str, tags: dict[str, str]) -> None:
+        self._tags.setdefault(run_id, {}).update(tags)
+        self._held.pop(run_id, None)
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(

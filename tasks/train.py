@@ -184,6 +184,7 @@ def run_segment(
     report = SegmentReport(result, seen, error, cut)
     # The report is kept with the trial, so a resumed or remote driver never re-runs a
     # segment that finished.
+    tracker.flush_tags(run_id)  # a segment that logged no metrics: its width
     tracker.save_report(run_id, report_name(segment), report.to_dict())
     return report
 

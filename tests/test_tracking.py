@@ -246,3 +246,32 @@ def test_a_runs_artifact_store_is_never_read_from_the_run_by_its_creator_or_whom
     assert tracker.load_report(run_id, "0-1") == {"seconds": 1.0}
     monkeypatch.undo()
     assert tracker.status(run_id) == "FAILED"
+
+
+def test_a_segments_own_tags_go_with_its_metrics_and_are_not_set_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment's width costs no request of its own: it goes with the segment's first
+    metrics, or alone at its end when the segment logged none; set again with the same
+    value, it is not written again."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "tags")
+    run_id = tracker.start_trial("job", "parent", 0, {})
+    batches: list[tuple[int, list[str]]] = []
+    log_batch = tracker.client.log_batch
+
+    def counted(run_id: str, metrics=(), params=(), tags=(), **kwargs) -> None:
+        batches.append((len(metrics), sorted(t.key for t in tags)))
+        log_batch(run_id, metrics=metrics, params=params, tags=tags, **kwargs)
+
+    monkeypatch.setattr(tracker.client, "log_batch", counted)
+    tracker.keep_tags(run_id, {"elastune.gpus": 1})
+    assert batches == []
+    tracker.log_history(run_id, [(1, {"acc": 0.5}), (2, {"acc": 0.6})])
+    tracker.flush_tags(run_id)
+    assert batches == [(2, ["elastune.gpus"])]
+    tracker.keep_tags(run_id, {"elastune.gpus": 1})  # the next segment, at the same width
+    tracker.log_history(run_id, [(3, {"acc": 0.7})])
+    tracker.keep_tags(run_id, {"elastune.gpus": 2})  # one that logs nothing, wider
+    tracker.flush_tags(run_id)
+    assert batches[1:] == [(1, []), (0, ["elastune.gpus"])]
+    assert tracker.client.get_run(run_id).data.tags["elastune.gpus"] == "2"
