@@ -207,7 +207,8 @@ class Tracker:
         batches = [items[i : i + 1000] for i in range(0, len(items), 1000)]  # MLflow's cap
         for i, batch in enumerate(batches or ([[]] if tags else [])):
             self.client.log_batch(run_id, metrics=batch, tags=tags if i == 0 else [])
-        self._set(run_id, held)
+        if held:
+            self._set(run_id, held)
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
@@ -218,18 +219,20 @@ class Tracker:
         tags only this process writes, e.g. each segment's width, which then cost no
         request of their own."""
         written = self._tags.get(run_id, {})
-        held = self._held.setdefault(run_id, {})
-        held.update({k: str(v) for k, v in tags.items() if written.get(k) != str(v)})
+        new = {k: str(v) for k, v in tags.items() if written.get(k) != str(v)}
+        if new:
+            self._held.setdefault(run_id, {}).update(new)
 
     def flush_tags(self, run_id: str) -> None:
         """Set the tags :meth:`keep_tags` still holds for the run (none: no request)."""
-        held = self._held.get(run_id, {})
+        held = self._held.get(run_id)
         if held:
             self.set_tags(run_id, held)
-        self._set(run_id, held)
+            self._set(run_id, held)
 
-    def _set(self, run_id: str, tags: dict[str, str]) -> None:
-        self._tags.setdefault(run_id, {}).update(tags)
+    def _set(self, run_id: str, held: dict[str, str]) -> None:
+        """``held`` is on the run now."""
+        self._tags.setdefault(run_id, {}).update(held)
         self._held.pop(run_id, None)
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
