@@ -299,13 +299,13 @@ def await_warm(
     (flows/outages.py)."""
     deadline = None if timeout is None else time.monotonic() + timeout + 10 * POLL_SECONDS
     future: PrefectDistributedFuture[None] = PrefectDistributedFuture(run)
-    seen: set[int] | None = None  # the node's incarnations alive while the run ran
+    seen: set[int] | None = None  # the node's incarnations that may be running it
     outage, looked, silent = Outage(), time.monotonic(), Silence()
     while True:
         began = time.monotonic()
         try:
             state = run_state(future)
-            alive = {n.pid for n in pool.placer.alive() if n.name == node}
+            nodes = [n for n in pool.placer.alive() if n.name == node]
         except Exception as exc:
             if not unreachable(exc):
                 raise
@@ -320,8 +320,9 @@ def await_warm(
             return True
         if state.is_scheduled() and outage.lost_queue():
             raise WorkerLost(f"its run on node {node} was lost with the server's queue")
+        alive = {n.pid for n in nodes}
         if seen is None and state.is_running():
-            seen = alive
+            seen = running_it(nodes, state)
         if silent.dead(bool(alive if seen is None else alive & seen)):
             with get_client(sync_client=True) as client:
                 client.set_task_run_state(run, Crashed(message=f"node {node} died"), force=True)
@@ -332,6 +333,14 @@ def await_warm(
                 return True
         if deadline is not None and time.monotonic() > deadline:
             return False
+
+
+def running_it(nodes: list[Node], running: State) -> set[int]:
+    """The incarnations of a node that may be running a run in state ``running``: those
+    that beat before it began. One that started after it (the node restarted before this
+    driver first saw the run running, late on a loaded machine) never runs it, and counting
+    it would keep the driver waiting for the run forever."""
+    return {n.pid for n in nodes if n.since is None or n.since <= running.timestamp}
 
 
 def run_state(future: PrefectDistributedFuture[None]) -> State | None:

@@ -13,7 +13,7 @@ Example (a node's worker name, and back):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from prefect.client.orchestration import SyncPrefectClient, get_client
@@ -35,21 +35,23 @@ LIVE_SECONDS = 3 * HEARTBEAT_SECONDS + 2.0
 
 @dataclass(frozen=True)
 class Node:
-    """A warm worker: its node's name, the GPUs (CPU slots) it offers and its process id
-    (a restarted worker is a new incarnation: what the dead one ran is lost)."""
+    """A warm worker: its node's name, the GPUs (CPU slots) it offers, its process id (a
+    restarted worker is a new incarnation: what the dead one ran is lost) and, as the
+    server tells it, when it first beat (no run that began earlier can be its)."""
 
     name: str
     gpus: float
     pid: int
+    since: datetime | None = field(default=None, compare=False)
 
     @property
     def worker_name(self) -> str:
         return f"{self.name}/{self.gpus:g}/{self.pid}"
 
     @classmethod
-    def parse(cls, worker_name: str) -> Node:
+    def parse(cls, worker_name: str, since: datetime | None = None) -> Node:
         name, gpus, pid = worker_name.rsplit("/", 2)
-        return cls(name, float(gpus), int(pid))
+        return cls(name, float(gpus), int(pid), since)
 
 
 def live_nodes(pool: str) -> list[Node]:
@@ -59,7 +61,7 @@ def live_nodes(pool: str) -> list[Node]:
         workers = client.read_workers_for_work_pool(pool)
     now = datetime.now(UTC)
     return [
-        Node.parse(w.name)
+        Node.parse(w.name, w.created)
         for w in workers
         if w.last_heartbeat_time is not None
         and (now - w.last_heartbeat_time).total_seconds() < LIVE_SECONDS

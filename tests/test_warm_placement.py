@@ -131,3 +131,21 @@ def test_a_segment_launch_ships_none_of_the_drivers_settings(monkeypatch) -> Non
     assert shipped.pop("driver's own") == "elastune:planted-secret-0042"
     assert shipped["settings_context"] == {}
     assert "planted-secret-0042" not in json.dumps(shipped, default=str)
+
+
+def test_a_run_is_watched_on_the_incarnations_that_beat_before_it_ran() -> None:
+    """A node restarted before the driver first saw its run running: the new incarnation,
+    which never runs it, does not keep the driver waiting on the run."""
+    from datetime import UTC, datetime, timedelta
+
+    from prefect.states import Running
+
+    from elastune.flows.warm_pool import running_it
+
+    running = Running()
+    old = Node("node-0", 1.0, 11, running.timestamp - timedelta(seconds=30))
+    new = Node("node-0", 1.0, 12, running.timestamp + timedelta(seconds=4))
+    assert running_it([old, new], running) == {11}
+    assert running_it([new], running) == set()  # the old one died: nobody runs it
+    assert running_it([Node("node-0", 1.0, 13)], running) == {13}  # when it began, unknown
+    assert old == Node.parse(old.worker_name, datetime.now(UTC))  # an incarnation is its pid
