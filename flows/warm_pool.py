@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, ClassVar, NamedTuple
 from uuid import UUID
 
@@ -67,6 +68,8 @@ WAIT_SECONDS = 2.0
 RELAUNCHES = 2
 # How often a driver waiting on a warm run looks for its report in MLflow.
 REPORT_SECONDS = 10.0
+# How long a node's new incarnation has to take a run waiting in the server's queue for it.
+TAKE_SECONDS = 3 * LIVE_SECONDS
 
 
 class Placement(NamedTuple):
@@ -320,10 +323,11 @@ def await_warm(
             return True
         if state.is_scheduled() and outage.lost_queue():
             raise WorkerLost(f"its run on node {node} was lost with the server's queue")
-        alive = {n.pid for n in nodes}
         if seen is None and state.is_running():
             seen = running_it(nodes, state)
-        if silent.dead(bool(alive if seen is None else alive & seen)):
+        alive = {n.pid for n in nodes}
+        holders = taking_it(nodes, state, datetime.now(UTC)) if seen is None else alive & seen
+        if silent.dead(bool(holders)):
             with get_client(sync_client=True) as client:
                 client.set_task_run_state(run, Crashed(message=f"node {node} died"), force=True)
             raise WorkerLost(f"node {node} of warm pool {pool.name!r} died under the segment")
@@ -341,6 +345,21 @@ def running_it(nodes: list[Node], running: State) -> set[int]:
     driver first saw the run running, late on a loaded machine) never runs it, and counting
     it would keep the driver waiting for the run forever."""
     return {n.pid for n in nodes if n.since is None or n.since <= running.timestamp}
+
+
+def taking_it(nodes: list[Node], waiting: State, now: datetime) -> set[int]:
+    """The incarnations of a node that may yet run a run not yet running (state
+    ``waiting``): one that beat before the run was sent may have taken it, and one started
+    since takes it from the server's queue within :data:`TAKE_SECONDS`. Past that, the run
+    went to an incarnation that died before running it: Prefect's server hands a run to
+    one worker and forgets it once that worker acknowledged it."""
+    return {
+        n.pid
+        for n in nodes
+        if n.since is None
+        or n.since <= waiting.timestamp
+        or (now - n.since).total_seconds() < TAKE_SECONDS
+    }
 
 
 def run_state(future: PrefectDistributedFuture[None]) -> State | None:
