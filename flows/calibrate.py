@@ -32,7 +32,7 @@ noise, a difference of a fraction of a second measures nothing), up to :data:`MA
 and ``n`` waves of one level with ``n / 2`` waves resumed. ``n`` (even, 4 to 14) makes
 the extra waves last :data:`WAVES_S` seconds: a job of short segments runs tens of
 waves, and a wave's cost taken from only 3 more would carry the calibration's noise into
-the forecast tenfold. Each runs :data:`REPEATS` times: :func:`solve`
+the forecast tenfold. Each runs :data:`REPEATS` times (``--repeats``): :func:`solve`
 recovers ``F``, ``o``, ``c`` and ``t`` from the medians (one run the machine slowed moves
 nothing: two runs of one job differed by up to 28%), and the walls' spread around their
 own job's mean is the run-to-run spread of a job (:func:`spread`): a part the same for
@@ -274,13 +274,15 @@ def spread(walls: dict[Run, list[float]], job: float) -> tuple[float, float]:
 
 
 def calibrate(
-    spec: JobSpec, profile: dict[str, Any]
+    spec: JobSpec, profile: dict[str, Any], repeats: int | None = None
 ) -> tuple[dict[str, Any], dict[str, list[float]]]:
     """``profile`` (a ``profile:`` section measured in-process) anchored to this machine's
     slots: every timing and spread scaled so that one slot takes the calibrated seconds
     per unit (the in-process relative speeds and spread kept), with the calibrated
     ``overhead_s``, ``job_overhead_s`` (``job_tail_s`` of it after the last segment) and
-    ``job_overhead_sd``; and the calibration jobs' wall seconds."""
+    ``job_overhead_sd``; and the calibration jobs' wall seconds. Each job runs ``repeats``
+    times (None: :data:`REPEATS`)."""
+    repeats = REPEATS if repeats is None else repeats
     level = first_level(spec)
     alone = profile["seconds_per_unit"][1]
     devices = pool_of(spec).devices
@@ -288,8 +290,8 @@ def calibrate(
     walls: dict[Run, list[float]] = {}
     tails: list[float] = []
     # Each run is a new process, seconds to half a minute: the user sees them go by.
-    say(f"calibrating: {len(jobs)} small jobs, {REPEATS} runs each, each run a new process")
-    for repeat in range(REPEATS):  # interleaved, so a slow minute of the machine hits every job
+    say(f"calibrating: {len(jobs)} small jobs, {repeats} runs each, each run a new process")
+    for repeat in range(repeats):  # interleaved, so a slow minute of the machine hits every job
         for index, run in enumerate(jobs, 1 + repeat * len(jobs)):
             began = time.monotonic()
             with tempfile.TemporaryDirectory() as folder:
@@ -299,7 +301,7 @@ def calibrate(
             tails.append(tail)
             done = time.monotonic() - began
             say(
-                f"calibration {index}/{len(jobs) * REPEATS} ({run.label}): "
+                f"calibration {index}/{len(jobs) * repeats} ({run.label}): "
                 f"job {wall:.1f} s, process {done:.1f} s"
             )
     solved = solve(walls, level, alone)

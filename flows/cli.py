@@ -259,7 +259,9 @@ def _measure(spec: JobSpec, args: argparse.Namespace) -> dict[str, Any]:
 
         # A slot's unit time and the overheads, measured through the real flow, anchor the
         # in-process timings (docs/cli.md, profile).
-        result["profile"], result["calibration_walls_s"] = calibrate(spec, result["profile"])
+        result["profile"], result["calibration_walls_s"] = calibrate(
+            spec, result["profile"], args.repeats
+        )
     return result
 
 
@@ -303,6 +305,12 @@ def _shares(text: str) -> tuple[float, ...]:
         return tuple(float(v) for v in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1,0.5,0.25") from None
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
 
 
 # --- parser -------------------------------------------------------------------------------
@@ -359,6 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-calibrate",
         action="store_true",
         help="skip the four small jobs that time a slot and the overheads in real runs",
+    )
+    prof.add_argument(
+        "--repeats",
+        type=_positive,
+        metavar="N",
+        help="runs of each calibration job (default 3; 1 measures no run-to-run spread)",
     )
 
     again = commands.add_parser("resume", help="continue a job whose driver died")

@@ -129,6 +129,8 @@ def test_unknown_command_and_option(capsys) -> None:
     assert "invalid choice" in capsys.readouterr().err
     assert main(["run", "x.yaml", "--colour"]) == 2
     assert "--colour" in capsys.readouterr().err
+    assert main(["profile", "x.yaml", "--repeats", "0"]) == 2
+    assert "'0' is not a whole number of at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.usefixtures("prefect_api")

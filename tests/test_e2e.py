@@ -253,13 +253,12 @@ def test_profile_measures_seconds_per_unit_and_feeds_the_planner(
     # The loop end to end, once: repeats and lengths are tests/test_forecast.py's (this
     # trainable's instant units would ask for 3 x 4 jobs, one of 50 levels and two of 14
     # waves, 3 minutes).
-    monkeypatch.setattr("elastune.flows.calibrate.REPEATS", 1)
     monkeypatch.setattr("elastune.flows.calibrate.MAX_LEVELS", 3)
     monkeypatch.setattr("elastune.flows.calibrate.WAVES_S", 0.5)  # 4 waves
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(JOB))
     out = tmp_path / "profile.yaml"
-    assert main(["profile", str(path), "--json", "--out", str(out)]) == 0
+    assert main(["profile", str(path), "--json", "--out", str(out), "--repeats", "1"]) == 0
     printed = capsys.readouterr()
     measured = json.loads(printed.out)
     # The minutes it takes are told as they go, on stderr.
