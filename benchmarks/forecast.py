@@ -132,44 +132,66 @@ def machine_seconds() -> float:
     return round(statistics.median(once() for _ in range(5)), 4)
 
 
+def profiled(
+    name: str, job: dict[str, Any], folder: Path, epoch_s: str, flags: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``elastune profile`` of ``job`` in ``folder`` with ``flags``: the ``profile:`` section it
+    wrote, and its JSON output."""
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump({"name": name, **job}))
+    measured = elastune(["profile", str(path), "--out", "profile.yaml", *flags], folder, epoch_s)
+    return yaml.safe_load((folder / "profile.yaml").read_text())["profile"], measured
+
+
+def planned(name: str, job: dict[str, Any], profile: dict[str, Any]) -> dict[str, Any]:
+    """``job`` with ``profile`` and a deadline an hour out, so that the cost planner plans
+    it: the job file ``elastune plan`` and ``run`` are given."""
+    return {**job, "name": name, "budget": {"deadline": "1h"}, "profile": profile}
+
+
+def held(run: dict[str, Any]) -> dict[str, Any]:
+    """``elastune run --json``'s forecast JCT held against its measured wall seconds."""
+    forecast, wall = run["forecast"]["jct_s"], run["wall_seconds"]
+    stages = {"forecast": run["forecast"]["stages"], "measured": run["measured"]["stages"]}
+    error = round(wall / forecast["p50"] - 1, 4)
+    return {
+        "forecast_jct_s": forecast,
+        "measured_jct_s": wall,
+        "error_vs_p50": error,
+        "within_10pct": abs(error) <= 0.10,
+        "above_p95": wall > forecast["p95"],
+        "contradicts_profile": run["measured"].get("contradicts_profile", []),
+        "stages": stages,
+        "worst_stage_end_s": worst_stage_end(stages),
+    }
+
+
 def one(name: str, job: dict[str, Any], epoch_s: str, shares: str = "1") -> dict[str, Any]:
     """Profile (at the device ``shares``), plan and run ``job``; its forecast against its
     measurement."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        path = folder / "job.yaml"
-        path.write_text(yaml.safe_dump({"name": name, **job}))
         speed = {"profile": machine_seconds()}
-        profiling = ["profile", str(path), "--out", "profile.yaml", "--shares", shares]
-        measured = elastune(profiling, folder, epoch_s)
-        profile = yaml.safe_load((folder / "profile.yaml").read_text())["profile"]
-        planned = {**job, "name": name, "budget": {"deadline": "1h"}, "profile": profile}
-        path.write_text(yaml.safe_dump(planned))
+        profile, measured = profiled(name, job, folder, epoch_s, ["--shares", shares])
+        path = folder / "job.yaml"
+        path.write_text(yaml.safe_dump(planned(name, job, profile)))
         plan = elastune(["plan", str(path)], folder, epoch_s)
         # the same plan's band were the calibration exact: what its own error adds
         exact = {k: v for k, v in profile.items() if not k.startswith("calibration_")}
-        path.write_text(yaml.safe_dump({**planned, "profile": exact}))
+        path.write_text(yaml.safe_dump(planned(name, job, exact)))
         exact_band = elastune(["plan", str(path)], folder, epoch_s)["jct_s"]
-        path.write_text(yaml.safe_dump(planned))
+        path.write_text(yaml.safe_dump(planned(name, job, profile)))
         speed["run"] = machine_seconds()
         run = elastune(["run", str(path)], folder, epoch_s)
         speed["after"] = machine_seconds()
-    forecast, wall = run["forecast"]["jct_s"], run["wall_seconds"]
-    stages = {"forecast": run["forecast"]["stages"], "measured": run["measured"]["stages"]}
     return {
         "job": name,
         "profile": profile,
         "calibration_walls_s": measured.get("calibration_walls_s"),
         "plan_jct_s": plan["jct_s"],
         "plan_jct_s_calibration_exact": exact_band,
-        "forecast_jct_s": forecast,
-        "measured_jct_s": wall,
-        "error_vs_p50": round(wall / forecast["p50"] - 1, 4),
-        "above_p95": wall > forecast["p95"],
-        "contradicts_profile": run["measured"].get("contradicts_profile", []),
+        **held(run),
         "machine_loop_s": speed,
-        "stages": stages,
-        "worst_stage_end_s": worst_stage_end(stages),
     }
 
 
@@ -212,7 +234,7 @@ def main() -> None:
             f"{loop['profile']:.3f} {loop['run']:.3f} {loop['after']:.3f}",
             flush=True,
         )
-    within = sum(abs(r["error_vs_p50"]) <= 0.10 for r in results)
+    within = sum(r["within_10pct"] for r in results)
     above = sum(r["above_p95"] for r in results)
     print(f"within 10% of p50: {within}/{len(results)}; above p95: {above}/{len(results)}")
     summary = {"quick": args.quick, "within_10pct": within, "above_p95": above, "jobs": results}

@@ -109,7 +109,7 @@ def run_once(mode: str, k: int, device: str, config: dict[str, Any], seconds: fl
             ctx.Process(target=_segment, args=(device, config, seconds, start, out, i))
             for i in range(k)
         ]
-    with _gpu_sampler(device) as samples:
+    with gpu_sampler(device) as samples:
         for process in processes:
             process.start()
         results = [out.get(timeout=600) for _ in range(k)]
@@ -130,7 +130,7 @@ def run_once(mode: str, k: int, device: str, config: dict[str, Any], seconds: fl
 
 
 @contextlib.contextmanager
-def _gpu_sampler(device: str) -> Iterator[list[tuple[float, float]]]:
+def gpu_sampler(device: str) -> Iterator[list[tuple[float, float]]]:
     """(utilisation %, used MiB) of the device every 0.2 s, from NVML; empty on the CPU."""
     samples: list[tuple[float, float]] = []
     if not device.startswith("cuda"):
@@ -187,6 +187,7 @@ def mps_daemon() -> Iterator[None]:
 
 
 def device_name(device: str) -> str:
+    """The GPU as ``nvidia-smi`` names it (name, driver, memory), or the CPU."""
     if not device.startswith("cuda"):
         import platform
 
@@ -207,7 +208,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "samples": args.samples,
         "lr": 0.05,
     }
-    modes = [m for m in MODES if m != "processes+mps" or _mps_available(args.device)]
+    modes = [m for m in MODES if m != "processes+mps" or mps_available(args.device)]
     rows = []
     for mode in modes:
         with mps_daemon() if mode == "processes+mps" else contextlib.nullcontext():
@@ -230,7 +231,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _mps_available(device: str) -> bool:
+def mps_available(device: str) -> bool:
     return device.startswith("cuda") and shutil.which("nvidia-cuda-mps-control") is not None
 
 

@@ -27,10 +27,11 @@ from elastune.tasks.context import TrialContext
 
 CLASSES = 10
 SHAPE = (3, 32, 32)
+SAMPLES = 8192  # training images, an epoch's, unless the config says ``samples``
 
 
 @lru_cache(maxsize=4)
-def data(samples: int = 8192, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+def data(samples: int = SAMPLES, device: str = "cpu") -> tuple[torch.Tensor, ...]:
     """``samples`` training and ``samples // 4`` validation images on ``device``, fixed."""
     g = torch.Generator().manual_seed(0)
     templates = torch.randn(CLASSES, *SHAPE, generator=g)
@@ -107,7 +108,7 @@ def train_steps(
 
 
 def train(config: dict, ctx: TrialContext) -> None:
-    x_train, y_train, x_val, y_val = data(int(config.get("samples", 8192)), str(ctx.device))
+    x_train, y_train, x_val, y_val = data(int(config.get("samples", SAMPLES)), str(ctx.device))
     with ctx.seeded():
         model, optimizer = build(config, ctx.device)
     start = ctx.restore(model=model, optimizer=optimizer)

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -237,6 +238,35 @@ def device_counter(config: dict, ctx: TrialContext) -> None:
     if "ELASTUNE_TEST_DEVICES" in os.environ and ctx.stop > start:  # not a model export
         with open(os.environ["ELASTUNE_TEST_DEVICES"], "a") as out:
             out.write(f"{ctx.trial} {state.bias.device} {began} {time.time()}\n")
+
+
+def dies_on_the_gpu(config: dict, ctx: TrialContext) -> None:
+    """:func:`device_counter`, whose trial ``i`` first dies on the GPU the ``i``-th way
+    $ELASTUNE_TEST_GPU_FAULTS names (comma-separated, none if unset): ``oom`` asks for more
+    memory than any GPU has; ``assert`` trips a kernel's device-side assert, which poisons
+    its process's CUDA context; ``segfault`` ends its process with a CUDA context open.
+    Each segment that trains first appends ``trial pid cuda device server`` to
+    $ELASTUNE_TEST_WORKERS: ``cuda`` 1 if its process had set CUDA up before it began,
+    ``device`` where it trains, ``server`` what its process was forked from: ``forked``, a
+    fork of the command or node that runs it, or ``started``, a fork server started as a
+    program of its own (tasks/worker_processes.py)."""
+    if ctx.stop > ctx.start:  # not a model export
+        set_up = int(torch.cuda.is_initialized())
+        server = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+        kind = "started" if b"serve_forks" in server else "forked"
+        with open(os.environ["ELASTUNE_TEST_WORKERS"], "a") as out:
+            out.write(f"{ctx.trial} {os.getpid()} {set_up} {ctx.device} {kind}\n")
+    faults = os.environ.get("ELASTUNE_TEST_GPU_FAULTS", "").split(",")
+    fault = faults[ctx.trial] if ctx.trial < len(faults) else ""
+    if fault == "oom":
+        torch.empty(2**50, dtype=torch.uint8, device=ctx.device)  # a pebibyte
+    elif fault == "assert":
+        index = torch.tensor([2], device=ctx.device)
+        torch.zeros(1, device=ctx.device)[index].item()  # out of bounds, found on the GPU
+    elif fault == "segfault":
+        torch.zeros(1, device=ctx.device)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    device_counter(config, ctx)
 
 
 def missing_key(config: dict, ctx: TrialContext) -> None:

@@ -46,9 +46,9 @@ def run_job(tmp_path: Path, stores: list[str], capsys, **changes) -> tuple[int, 
 
 def child_runs(tmp_path: Path, parent: str) -> list:
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    experiment = client.get_experiment_by_name(JOB["name"])
+    experiment = client.get_run(parent).info.experiment_id
     return client.search_runs(
-        [experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent}'", max_results=1000
+        [experiment], f"tags.mlflow.parentRunId = '{parent}'", max_results=1000
     )
 
 
