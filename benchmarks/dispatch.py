@@ -146,12 +146,10 @@ def across_hosts(trials: int) -> dict[str, float]:
     services host with PostgreSQL, Prefect's server and MLflow's, both behind credentials;
     the job run from the driver's host; :data:`SLOTS` nodes of 1 slot)."""
     from elastune.infra.cluster_layout import DRIVER, POOL, Layout
-    from elastune.infra.netns_cluster import default_root, down, run, up
+    from elastune.infra.netns_cluster import brought_up, default_root, run
 
     name = "elastune-dispatch"
-    layout = Layout(name, default_root(name), ROOT, nodes=SLOTS)
-    up(layout)
-    try:
+    with brought_up(Layout(name, default_root(name), ROOT, nodes=SLOTS)) as layout:
         path = idle_job(layout.folder(DRIVER), trials)
         command = [sys.executable, "-m", "elastune.flows.cli", "run", str(path), "--json"]
         command += ["--pool", POOL, *[a for v in layout.job_overrides() for a in ("--set", v)]]
@@ -159,8 +157,6 @@ def across_hosts(trials: int) -> dict[str, float]:
         if done.returncode != 0:
             raise RuntimeError(f"the job across hosts failed: {done.stderr[-800:]}")
         return per_slot(json.loads(done.stdout.strip().splitlines()[-1]))
-    finally:
-        down(layout)
 
 
 def main(argv: list[str] | None = None) -> None:

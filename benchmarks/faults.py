@@ -38,7 +38,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -379,18 +378,6 @@ def fault_layout(name: str, epoch: float) -> Any:
     return Layout(name, default_root(name), ROOT, env=env)
 
 
-@contextlib.contextmanager
-def cluster(layout: Any) -> Iterator[Any]:
-    """The cluster, up for the block and down after it, whatever happens."""
-    from elastune.infra.netns_cluster import down, up
-
-    up(layout)
-    try:
-        yield layout
-    finally:
-        down(layout)
-
-
 def leftovers(layout: Any) -> list[str]:
     """What a cluster brought down left: namespaces, its folder, processes that name it."""
     from elastune.infra.netns import Net
@@ -453,10 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown:
         parser.error(f"--faults: unknown {', '.join(unknown)} (known: {', '.join(FAULTS)})")
+    from elastune.infra.netns_cluster import brought_up
+
     layout = fault_layout(args.name, args.epoch_seconds)
     os.environ["ELASTUNE_FAULTS_EPOCH"] = f"{args.epoch_seconds:g}"
     rows = []
-    with cluster(layout):
+    with brought_up(layout):
         folder = layout.folder("driver")
         baseline = run_job(layout, folder, "fault-free")
         rows.append(row("fault-free", baseline, None))

@@ -16,6 +16,9 @@ worker beats. ``down`` stops the supervisors, kills whatever else still runs in 
 namespaces (a job's driver, say), deletes the namespaces (their links and the bridge with
 them) and the cluster's folder. ``run HOST -- CMD`` runs CMD on a host, with the host's
 environment and secrets (by environment, never on a command line).
+
+From Python, :func:`brought_up` holds a cluster for a block (the tests' and the benchmarks'
+clusters): it goes down after the block, and also when the process holding it is killed.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -103,6 +107,39 @@ def up(layout: Layout) -> None:
     except BaseException:
         down(layout)
         raise
+
+
+# What a cluster's holder tells its watcher once it has brought the cluster down itself.
+KEPT = "down already"
+
+
+@contextlib.contextmanager
+def brought_up(layout: Layout) -> Iterator[Layout]:
+    """Cluster ``layout``, up for the block and down after it, whatever happens to this
+    process: a watcher of its own, in a session of its own, holds a pipe from it and brings
+    the cluster down when the pipe closes unsaid, this process killed (a cancelled CI job,
+    a test worker ended) before it could."""
+    watch = "import sys; from elastune.infra.netns_cluster import down_unless_kept as d; d()"
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", watch, "--name", layout.name, "--root", str(layout.root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        up(layout)
+        yield layout
+    finally:
+        down(layout)
+        watcher.communicate(KEPT, timeout=30)
+
+
+def down_unless_kept() -> None:
+    """A watcher's life: wait for its holder's word on stdin, and bring the cluster
+    (``sys.argv``: ``--name N --root R``) down unless it is :data:`KEPT`."""
+    if sys.stdin.read() != KEPT:
+        main([*sys.argv[1:], "down"])
 
 
 def lay_out(layout: Layout) -> None:

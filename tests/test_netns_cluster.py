@@ -52,7 +52,7 @@ def cluster() -> Iterator[Layout]:
     after the test process: should pytest-xdist split the module, each worker has its own."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     layout = faults.fault_layout(f"elastune-test-{worker}", EPOCH_SECONDS)
-    with faults.cluster(layout):
+    with netns_cluster.brought_up(layout):
         yield layout
     assert faults.leftovers(layout) == []
 
@@ -97,6 +97,41 @@ def test_an_up_that_fails_half_way_removes_what_it_made(monkeypatch) -> None:
     with pytest.raises(netns_cluster.ClusterError, match="broke"):
         netns_cluster.up(layout)
     assert faults.leftovers(layout) == []
+
+
+# A holder of a cluster, killed once the cluster's namespaces and folder are made: here,
+# while it brings the cluster up (the hosts' start never returns).
+HOLDER = """
+import sys, time
+from pathlib import Path
+from elastune.infra import netns_cluster
+from elastune.infra.cluster_layout import Layout
+
+def never(layout, host):
+    print("laid out", flush=True)
+    time.sleep(600)
+
+netns_cluster.start_host = never
+with netns_cluster.brought_up(Layout(sys.argv[1], Path(sys.argv[2]), Path.cwd())):
+    pass
+"""
+
+
+@needs_cluster
+def test_a_cluster_goes_down_when_its_holder_is_killed() -> None:
+    """A test worker or a CI job killed leaves no cluster behind: its watcher brings it down."""
+    layout = Layout("elastune-held", netns_cluster.default_root("elastune-held"), Path.cwd())
+    command = [sys.executable, "-c", HOLDER, layout.name, str(layout.root)]
+    holder = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "laid out\n"
+        assert Net(layout.name).existing() and layout.root.exists()
+        holder.kill()
+        holder.wait()
+        faults.wait_for(lambda: faults.leftovers(layout) == [], 60, "the cluster down")
+    finally:
+        holder.kill()
+        netns_cluster.down(layout)
 
 
 @pytest.mark.slow
