@@ -302,7 +302,6 @@ def await_warm(
     (flows/outages.py)."""
     deadline = None if timeout is None else time.monotonic() + timeout + 10 * POLL_SECONDS
     future: PrefectDistributedFuture[None] = PrefectDistributedFuture(run)
-    seen: set[int] | None = None  # the node's incarnations that may be running it
     outage, looked, silent = Outage(), time.monotonic(), Silence()
     while True:
         began = time.monotonic()
@@ -323,11 +322,7 @@ def await_warm(
             return True
         if state.is_scheduled() and outage.lost_queue():
             raise WorkerLost(f"its run on node {node} was lost with the server's queue")
-        if seen is None and state.is_running():
-            seen = running_it(nodes, state)
-        alive = {n.pid for n in nodes}
-        holders = taking_it(nodes, state, datetime.now(UTC)) if seen is None else alive & seen
-        if silent.dead(bool(holders)):
+        if silent.dead(bool(holding_it(nodes, state, datetime.now(UTC)))):
             with get_client(sync_client=True) as client:
                 client.set_task_run_state(run, Crashed(message=f"node {node} died"), force=True)
             raise WorkerLost(f"node {node} of warm pool {pool.name!r} died under the segment")
@@ -339,26 +334,21 @@ def await_warm(
             return False
 
 
-def running_it(nodes: list[Node], running: State) -> set[int]:
-    """The incarnations of a node that may be running a run in state ``running``: those
-    that beat before it began. One that started after it (the node restarted before this
-    driver first saw the run running, late on a loaded machine) never runs it, and counting
-    it would keep the driver waiting for the run forever."""
-    return {n.pid for n in nodes if n.since is None or n.since <= running.timestamp}
-
-
-def taking_it(nodes: list[Node], waiting: State, now: datetime) -> set[int]:
-    """The incarnations of a node that may yet run a run not yet running (state
-    ``waiting``): one that beat before the run was sent may have taken it, and one started
-    since takes it from the server's queue within :data:`TAKE_SECONDS`. Past that, the run
-    went to an incarnation that died before running it: Prefect's server hands a run to
-    one worker and forgets it once that worker acknowledged it."""
+def holding_it(nodes: list[Node], state: State, now: datetime) -> set[int]:
+    """The live incarnations of a node (``nodes``) that may hold a run in ``state``: those
+    that beat before the state began (before the run began running, or was sent), and while
+    it is not yet running, one started since, for :data:`TAKE_SECONDS` (time to take it
+    from the server's queue). Any other never runs it: a restarted node's new incarnation
+    does not run what the dead one began, nor what it had taken (Prefect's server hands a
+    run to one worker, and forgets it once that worker acknowledged it). Counting it
+    would keep the driver waiting for the run forever."""
+    waiting = not state.is_running()
     return {
         n.pid
         for n in nodes
         if n.since is None
-        or n.since <= waiting.timestamp
-        or (now - n.since).total_seconds() < TAKE_SECONDS
+        or n.since <= state.timestamp
+        or (waiting and (now - n.since).total_seconds() < TAKE_SECONDS)
     }
 
 

@@ -140,14 +140,15 @@ def test_a_run_is_watched_on_the_incarnations_that_beat_before_it_ran() -> None:
 
     from prefect.states import Running
 
-    from elastune.flows.warm_pool import running_it
+    from elastune.flows.warm_pool import holding_it
 
     running = Running()
     old = Node("node-0", 1.0, 11, running.timestamp - timedelta(seconds=30))
     new = Node("node-0", 1.0, 12, running.timestamp + timedelta(seconds=4))
-    assert running_it([old, new], running) == {11}
-    assert running_it([new], running) == set()  # the old one died: nobody runs it
-    assert running_it([Node("node-0", 1.0, 13)], running) == {13}  # when it began, unknown
+    now = running.timestamp + timedelta(seconds=5)
+    assert holding_it([old, new], running, now) == {11}
+    assert holding_it([new], running, now) == set()  # the old one died: nobody runs it
+    assert holding_it([Node("node-0", 1.0, 13)], running, now) == {13}  # its start unknown
     assert old == Node.parse(old.worker_name, datetime.now(UTC))  # an incarnation is its pid
 
 
@@ -159,15 +160,15 @@ def test_a_run_not_yet_running_is_lost_with_the_incarnation_that_took_it() -> No
 
     from prefect.states import Scheduled
 
-    from elastune.flows.warm_pool import TAKE_SECONDS, taking_it
+    from elastune.flows.warm_pool import TAKE_SECONDS, holding_it
 
     waiting = Scheduled()
     sent = waiting.timestamp
     old = Node("node-0", 1.0, 11, sent - timedelta(seconds=30))
     new = Node("node-0", 1.0, 12, sent + timedelta(seconds=2))
-    assert taking_it([old, new], waiting, sent + timedelta(seconds=3)) == {11, 12}
-    assert taking_it([new], waiting, sent + timedelta(seconds=3)) == {12}  # from the queue
+    assert holding_it([old, new], waiting, sent + timedelta(seconds=3)) == {11, 12}
+    assert holding_it([new], waiting, sent + timedelta(seconds=3)) == {12}  # from the queue
     late = sent + timedelta(seconds=2 + TAKE_SECONDS + 1)
-    assert taking_it([new], waiting, late) == set()  # the dead one took it
-    assert taking_it([old], waiting, late) == {11}  # the one that took it may yet run it
-    assert taking_it([Node("node-0", 1.0, 13)], waiting, late) == {13}  # since: unknown
+    assert holding_it([new], waiting, late) == set()  # the dead one took it
+    assert holding_it([old], waiting, late) == {11}  # the one that took it may yet run it
+    assert holding_it([Node("node-0", 1.0, 13)], waiting, late) == {13}  # its start unknown
