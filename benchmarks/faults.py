@@ -336,11 +336,13 @@ def retrained(began: list[Epoch], hits: list[Fault]) -> list[str]:
     there at or after its fault (a node cut off trains on, even a segment queued there that
     the job relaunched elsewhere, until its writes are refused), or the one it was in when
     the fault came (the last begun there before it, however long its checkpoint took)."""
-    lost = set()
+    lost: set[Epoch] = set()
     for hit in hits:
         there = [e for e in began if e.host == hit.host]
         lost |= {e for e in there if e.at >= hit.at}
-        lost |= {max((e for e in there if e.at < hit.at), key=lambda e: e.at, default=None)}
+        before = [e for e in there if e.at < hit.at]
+        if before:
+            lost.add(max(before, key=lambda e: e.at))
     wrong, trained = [], set()
     for e in sorted((e for e in began if e not in lost), key=lambda e: e.at):
         if (e.trial, e.epoch) in trained:
